@@ -1,0 +1,41 @@
+set(AMPP_LAYER_TARGETS "" CACHE INTERNAL "")
+
+# One precompiled header (LibTorch) built once and reused by every ampp target.
+add_library(ampp_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch.cpp)
+target_link_libraries(ampp_pch PUBLIC torch)
+target_precompile_headers(ampp_pch PRIVATE <torch/torch.h>)
+
+function(ampp_use_pch target)
+  target_precompile_headers(${target} REUSE_FROM ampp_pch)
+endfunction()
+
+# ampp_add_layer(<layer> [DEPS <other ampp layer targets or libraries>...])
+# Builds src/ampp/<layer>/*.cpp into the static library ampp_<layer> (alias ampp::<layer>).
+function(ampp_add_layer layer)
+  cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/ampp/${layer}/*.cpp)
+  set(target ampp_${layer})
+  add_library(${target} STATIC ${sources})
+  add_library(ampp::${layer} ALIAS ${target})
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${layer} OUTPUT_NAME ampp_${layer})
+  target_include_directories(${target} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    PRIVATE ${PROJECT_SOURCE_DIR}/src ${AMPP_GLOO_INCLUDE_DIR})
+  target_link_libraries(${target} PUBLIC torch ${ARG_DEPS})
+  target_compile_options(${target} PRIVATE -Wall -Wextra)
+  ampp_use_pch(${target})
+  set(AMPP_LAYER_TARGETS ${AMPP_LAYER_TARGETS} ${target} CACHE INTERNAL "")
+endfunction()
+
+# ampp_add_test_suite(<name> SOURCES ... LIBS ... [LABELS ...])
+# One GoogleTest executable; its tests are discovered when ctest runs (not at build time).
+function(ampp_add_test_suite name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS;PROPERTIES" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
+  ampp_use_pch(${name})
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS "${ARG_LABELS}" ${ARG_PROPERTIES})
+endfunction()
