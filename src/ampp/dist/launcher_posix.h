@@ -1,0 +1,57 @@
+#pragma once
+// POSIX process plumbing shared by ampp::dist::spawn and the `ampp run` launcher (Linux only):
+// core counts, free ports, wait-status descriptions, process-group teardown.
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ampp::dist::detail {
+
+// CPUs this process may run on (sched_getaffinity, so taskset/cgroup cpusets are respected).
+int usable_cores();
+
+// max(1, cores / procs): intra-op threads per worker so that `procs` workers fill the cores once.
+int threads_per_worker(int procs);
+
+// An ephemeral TCP port that was free a moment ago (bind to port 0, read it back, close). Another
+// process can still take it before the rendezvous binds it; the window is tiny (torchrun's
+// --standalone has the same one).
+int find_free_port();
+
+// "SIGKILL" for SIGKILL, "signal 77" for numbers without a name.
+std::string signal_name(int sig);
+
+// "exit code 3" or "signal SIGKILL" for a waitpid() status.
+std::string describe_wait_status(int status);
+
+// Number of threads of the calling process (entries of /proc/self/task).
+int thread_count();
+
+// Child side, right after fork(): become the leader of a new process group (so the parent can
+// signal the child and everything it starts at once) and die with `death_signal` when the parent
+// dies (prctl PR_SET_PDEATHSIG). `parent` is the pid the parent had before fork(): if it is already
+// gone, the child exits at once instead of running as an orphan.
+void become_worker_process(pid_t parent, int death_signal);
+
+// A child process started by the parent, tracked until reaped.
+struct Child {
+  pid_t pid = -1;
+  bool running = true;
+  int status = 0;  // waitpid() status once reaped
+};
+
+// Reaps every child that has exited (waitpid WNOHANG on each pid; never touches other children of
+// the process). Returns the indices of the children reaped by this call, in index order.
+std::vector<int> reap_exited(std::vector<Child>& children);
+
+// Sends `sig` to the process group of every child (including children already reaped, to catch
+// their leftover descendants). ESRCH (group gone) is not an error.
+void signal_groups(const std::vector<Child>& children, int sig);
+
+// Waits until every child is reaped, at most `grace`; then SIGKILLs the groups of the survivors
+// and reaps them too. Returns true when everybody exited within the grace period.
+bool wait_or_kill(std::vector<Child>& children, std::chrono::milliseconds grace);
+
+}  // namespace ampp::dist::detail

@@ -1,0 +1,412 @@
+// init_process_group: parse the init method, build a c10d store, check that every rank agrees on
+// the world size (through the store, so a mismatch is an error instead of a hang), then create
+// the backend. All transport is c10d's.
+#include <ampp/dist/process_group.h>
+
+#include <ampp/dist/log.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <netdb.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace ampp::dist {
+namespace {
+
+constexpr const char* kLaunchHint =
+    "Launch with `ampp run --nproc-per-node N -- <program>` (or torchrun), export RANK, WORLD_SIZE, "
+    "MASTER_ADDR and MASTER_PORT yourself, or use init_method tcp://host:port with explicit "
+    "InitOptions().rank(r).world_size(w)";
+
+std::mutex g_mutex;
+ProcessGroup g_default;
+
+struct Url {
+  std::string scheme, host, path;
+  int port = -1;
+  std::map<std::string, std::string> query;
+};
+
+// Parses an integer setting; `what` names it in the error ("environment variable RANK", ...).
+int64_t parse_int(const std::string& what, const std::string& text, int64_t min_value) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  TORCH_CHECK(!text.empty() && end && *end == '\0' && errno == 0,
+              "ampp::dist::init_process_group: ", what, "='", text,
+              "' is not an integer. Set it to a whole number >= ", min_value, ".");
+  TORCH_CHECK(v >= min_value, "ampp::dist::init_process_group: ", what, "=", v,
+              " is out of range; it must be >= ", min_value, ".");
+  return v;
+}
+
+const char* getenv_nonempty(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+std::string require_env(const char* name) {
+  const char* v = getenv_nonempty(name);
+  TORCH_CHECK(v, "ampp::dist::init_process_group(env://): environment variable ", name,
+              " expected, but not set. ", kLaunchHint, ".");
+  return v;
+}
+
+Url parse_url(const std::string& method) {
+  Url u;
+  const auto sep = method.find("://");
+  TORCH_CHECK(sep != std::string::npos,
+              "ampp::dist::init_process_group: init_method '", method,
+              "' is not a URL. Use env://, tcp://host:port or file:///path.");
+  u.scheme = method.substr(0, sep);
+  std::string rest = method.substr(sep + 3);
+  if (const auto q = rest.find('?'); q != std::string::npos) {
+    std::string query = rest.substr(q + 1);
+    rest.resize(q);
+    size_t pos = 0;
+    while (pos <= query.size()) {
+      const auto amp = query.find('&', pos);
+      const std::string kv = query.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
+      if (!kv.empty()) {
+        const auto eq = kv.find('=');
+        TORCH_CHECK(eq != std::string::npos, "ampp::dist::init_process_group: query item '", kv,
+                    "' in '", method, "' has no '='; write ?rank=R&world_size=W.");
+        u.query[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      if (amp == std::string::npos) break;
+      pos = amp + 1;
+    }
+  }
+  if (u.scheme == "tcp") {
+    std::string hostport = rest;
+    if (!hostport.empty() && hostport.back() == '/') hostport.pop_back();
+    const auto colon = hostport.rfind(':');
+    TORCH_CHECK(colon != std::string::npos && colon + 1 < hostport.size(),
+                "ampp::dist::init_process_group: port number missing in '", method,
+                "'. Write tcp://host:port, e.g. tcp://127.0.0.1:29500.");
+    u.host = hostport.substr(0, colon);
+    if (u.host.size() >= 2 && u.host.front() == '[' && u.host.back() == ']')
+      u.host = u.host.substr(1, u.host.size() - 2);  // [ipv6]
+    TORCH_CHECK(!u.host.empty(), "ampp::dist::init_process_group: host missing in '", method,
+                "'. Write tcp://host:port.");
+    u.port = static_cast<int>(parse_int("the port in '" + method + "'", hostport.substr(colon + 1), 0));
+  } else if (u.scheme == "file") {
+    u.path = rest;
+    TORCH_CHECK(!u.path.empty(), "ampp::dist::init_process_group: path missing in '", method,
+                "'. Write file:///shared/path/rendezvous (a file visible to every rank).");
+  } else {
+    TORCH_CHECK(u.scheme == "env", "ampp::dist::init_process_group: unsupported init_method scheme '",
+                u.scheme, "://'. Use env://, tcp://host:port or file:///path.");
+  }
+  return u;
+}
+
+// The local IPv4/IPv6 address this host uses to reach `host` (no packet is sent: a UDP connect
+// only consults the routing table). Gloo must listen on an address peers can reach; binding to
+// the hostname's address fails in containers and network namespaces.
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port > 0 ? port : 1).c_str(), &hints, &res) != 0 || !res)
+    return {};
+  std::string out;
+  const int fd = socket(res->ai_family, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      if (local.ss_family == AF_INET)
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&local)->sin_addr, buf, sizeof(buf));
+      else
+        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr, buf, sizeof(buf));
+      out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+std::string seconds(std::chrono::milliseconds t) { return fmt::format("{:g}s", t.count() / 1000.0); }
+
+c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port, int rank,
+                                               std::chrono::milliseconds timeout, const std::string& origin) {
+  TORCH_CHECK(port <= 65535, "ampp::dist::init_process_group: port ", port, " (", origin,
+              ") is out of range; use a port in 1..65535.");
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(port);
+  o.isServer = rank == 0;
+  o.numWorkers = c10::nullopt;  // ampp checks arrival itself (world-size mismatch -> error, not hang)
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  o.multiTenant = true;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, o);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    if (rank == 0) {
+      const bool in_use = what.find("ddress already in use") != std::string::npos ||
+                          what.find("errno: 98") != std::string::npos;
+      TORCH_CHECK(!in_use, "ampp::dist::init_process_group: rank 0 cannot listen on port ", port, " (", origin,
+                  "): the port is already in use (another job or a leftover process holds it). "
+                  "Pick a free port (MASTER_PORT / tcp://host:PORT, `ampp run --master-port`) or stop "
+                  "the other process. c10d said: ", what);
+      TORCH_CHECK(false, "ampp::dist::init_process_group: rank 0 could not start the rendezvous store on port ",
+                  port, " (", origin, "). c10d said: ", what);
+    }
+    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " could not reach the master at ", host, ":",
+                port, " (", origin, ") within the timeout of ", seconds(timeout),
+                ". Check that rank 0 is running, that MASTER_ADDR/MASTER_PORT (or the tcp:// URL) name rank 0's "
+                "host and port and are reachable from this host, or raise the timeout if ranks start far apart. "
+                "c10d said: ", what);
+  }
+}
+
+// Every rank checks in; rank 0 publishes its world size. Each rank compares, and any disagreement
+// (world size, duplicate rank, too many ranks) is written to an error key that every rank polls,
+// so all ranks fail fast with the same message instead of timing out in the backend.
+void check_membership(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout) {
+  const std::string kWorld = "ampp/init/world_size", kArrived = "ampp/init/arrived",
+                    kError = "ampp/init/error";
+  auto to_bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  auto fail = [&](const std::string& msg) {
+    store.set(kError, to_bytes(msg));
+    TORCH_CHECK(false, msg);
+  };
+  if (rank == 0) store.set(kWorld, to_bytes(std::to_string(world)));
+  const auto dup = store.add(fmt::format("ampp/init/rank/{}", rank), 1);
+  if (dup > 1)
+    fail(fmt::format("ampp::dist::init_process_group: rank {} was started twice (world_size={}). Give every "
+                     "process a distinct RANK in 0..WORLD_SIZE-1; with file:// also delete a rendezvous file "
+                     "left over from an earlier run.", rank, world));
+  std::vector<uint8_t> w0_bytes;
+  try {
+    w0_bytes = store.get(kWorld);  // waits (store timeout) for rank 0
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " timed out after ", seconds(timeout),
+                " waiting for rank 0 to join the rendezvous. Start a process with RANK=0, or raise the "
+                "timeout. c10d said: ", e.what());
+  }
+  const int w0 = std::atoi(std::string(w0_bytes.begin(), w0_bytes.end()).c_str());
+  if (w0 != world)
+    fail(fmt::format("ampp::dist::init_process_group: world-size mismatch: rank {} was started with "
+                     "WORLD_SIZE={} but rank 0 with WORLD_SIZE={}. Start every rank with the same world size.",
+                     rank, world, w0));
+  const auto arrived = store.add(kArrived, 1);
+  if (arrived > world)
+    fail(fmt::format("ampp::dist::init_process_group: more processes ({}) joined than WORLD_SIZE={}. Start "
+                     "exactly WORLD_SIZE ranks; with file:// delete a rendezvous file left over from an "
+                     "earlier run.", arrived, world));
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t n = arrived;; n = store.add(kArrived, 0)) {
+    if (store.check({kError})) {
+      const auto msg = store.get(kError);
+      TORCH_CHECK(false, std::string(msg.begin(), msg.end()), " (reported to rank ", rank, ")");
+    }
+    if (n == world) break;
+    TORCH_CHECK(n < world, "ampp::dist::init_process_group: more processes (", n, ") joined than WORLD_SIZE=",
+                world, ". Start exactly WORLD_SIZE ranks.");
+    TORCH_CHECK(std::chrono::steady_clock::now() - start < timeout, "ampp::dist::init_process_group: rank ", rank,
+                " timed out after ", seconds(timeout), " waiting for all ", world, " ranks (", n,
+                " arrived). Start the missing ranks, check that they use the same master address/port, or raise "
+                "the timeout.");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const std::string& backend,
+                                                    const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                    int world, std::chrono::milliseconds timeout,
+                                                    const std::string& device_address,
+                                                    const std::string& interface) {
+  if (backend == "gloo") {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    if (!interface.empty())
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+    else if (!device_address.empty())
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(device_address));
+    else
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
+  }
+  TORCH_CHECK(backend == "nccl" || backend == "mpi", "ampp::dist::init_process_group: unknown backend '", backend,
+              "'. Use \"gloo\" (CPU), \"nccl\" (CUDA) or \"mpi\".");
+  TORCH_CHECK(false, "ampp::dist::init_process_group: backend '", backend,
+              "' is not available in this LibTorch build (it was built without ", backend == "nccl" ? "NCCL" : "MPI",
+              " support; Debian's libtorch is CPU-only with Gloo). Use backend \"gloo\", or link ampp against a "
+              "LibTorch built with ", backend == "nccl" ? "USE_NCCL=1" : "USE_MPI=1", ".");
+}
+
+}  // namespace
+
+int ProcessGroup::rank() const { return state().rank; }
+int ProcessGroup::size() const { return state().size; }
+int ProcessGroup::local_rank() const { return state().local_rank; }
+int ProcessGroup::local_size() const { return state().local_size; }
+const std::string& ProcessGroup::backend() const { return state().backend; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return state().timeout; }
+const c10::intrusive_ptr<c10d::ProcessGroup>& ProcessGroup::c10d() const { return state().pg; }
+const c10::intrusive_ptr<c10d::Store>& ProcessGroup::store() const { return state().store; }
+void ProcessGroup::barrier() const { state().pg->barrier()->wait(); }
+const ProcessGroup::State& ProcessGroup::state() const {
+  TORCH_CHECK(state_, "ampp::dist::ProcessGroup is empty. Create one with ampp::dist::init_process_group().");
+  return *state_;
+}
+
+bool is_backend_available(const std::string& backend) { return backend == "gloo"; }
+
+ProcessGroup init_process_group(const InitOptions& options) {
+  if (options.set_default()) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    TORCH_CHECK(!g_default, "ampp::dist::init_process_group: trying to initialize the default process group "
+                "twice! Call it once per process (or destroy_process_group() first).");
+  }
+  const auto timeout = options.timeout();
+  TORCH_CHECK(timeout.count() > 0, "ampp::dist::init_process_group: timeout must be positive (got ",
+              timeout.count(), " ms); the default is 30 minutes.");
+  if (!is_backend_available(options.backend())) make_backend(options.backend(), {}, 0, 1, timeout, "", "");
+
+  const Url url = parse_url(options.init_method());
+  int64_t rank = options.rank(), world = options.world_size();
+  auto from_query = [&](const char* key, int64_t& value, int64_t min_value) {
+    if (auto it = url.query.find(key); it != url.query.end())
+      value = parse_int(fmt::format("{} in '{}'", key, options.init_method()), it->second, min_value);
+  };
+  from_query("rank", rank, 0);
+  from_query("world_size", world, 1);
+
+  std::string master_addr;
+  int master_port = -1;
+  std::string origin;
+  if (url.scheme == "env") {
+    if (rank < 0) rank = parse_int("environment variable RANK", require_env("RANK"), 0);
+    if (world < 0) world = parse_int("environment variable WORLD_SIZE", require_env("WORLD_SIZE"), 1);
+    master_addr = require_env("MASTER_ADDR");
+    master_port = static_cast<int>(parse_int("environment variable MASTER_PORT", require_env("MASTER_PORT"), 0));
+    origin = fmt::format("env:// MASTER_ADDR={} MASTER_PORT={}", master_addr, master_port);
+  } else {
+    TORCH_CHECK(rank >= 0, "ampp::dist::init_process_group(", url.scheme,
+                "://): rank parameter missing. Pass InitOptions().rank(r) or append ?rank=r to the URL.");
+    TORCH_CHECK(world >= 1, "ampp::dist::init_process_group(", url.scheme,
+                "://): world size parameter missing. Pass InitOptions().world_size(w) or append ?world_size=w.");
+    master_addr = url.host;
+    master_port = url.port;
+    origin = options.init_method();
+  }
+  TORCH_CHECK(rank < world, "ampp::dist::init_process_group: rank ", rank, " is out of range for world_size ", world,
+              "; ranks are 0..", world - 1, ". Fix RANK/WORLD_SIZE (or the rank/world_size options).");
+
+  // LOCAL_RANK / LOCAL_WORLD_SIZE (torchrun sets both); without them assume one node.
+  int64_t local_rank = rank, local_size = world;
+  if (const char* v = getenv_nonempty("LOCAL_RANK")) local_rank = parse_int("environment variable LOCAL_RANK", v, 0);
+  if (const char* v = getenv_nonempty("LOCAL_WORLD_SIZE"))
+    local_size = parse_int("environment variable LOCAL_WORLD_SIZE", v, 1);
+  TORCH_CHECK(local_rank < local_size, "ampp::dist::init_process_group: LOCAL_RANK=", local_rank,
+              " is out of range for LOCAL_WORLD_SIZE=", local_size, ". Fix the launcher environment.");
+
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string device_address;
+  if (url.scheme == "file") {
+    try {
+      store = c10::make_intrusive<c10d::FileStore>(url.path, static_cast<int>(world));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "ampp::dist::init_process_group: cannot open the rendezvous file '", url.path,
+                  "'. Use a path in a writable directory visible to every rank. c10d said: ", e.what());
+    }
+    store->setTimeout(timeout);
+  } else {
+    store = make_tcp_store(master_addr, master_port, static_cast<int>(rank), timeout, origin);
+    device_address = local_address_towards(master_addr, master_port);
+  }
+  check_membership(*store, static_cast<int>(rank), static_cast<int>(world), timeout);
+
+  std::string interface = options.interface();
+  if (interface.empty())
+    if (const char* v = getenv_nonempty("GLOO_SOCKET_IFNAME")) interface = v;
+  auto backend_store = c10::make_intrusive<c10d::PrefixStore>("ampp/pg/default", store);
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  try {
+    pg = make_backend(options.backend(), backend_store, static_cast<int>(rank), static_cast<int>(world), timeout,
+                      device_address, interface);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " could not connect the ", options.backend(),
+                " backend to its peers within ", seconds(timeout), " (address ",
+                device_address.empty() ? std::string("default") : device_address,
+                "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ",
+                e.what());
+  }
+
+  auto state = std::make_shared<ProcessGroup::State>();
+  state->pg = pg;
+  state->store = store;
+  state->backend = options.backend();
+  state->rank = static_cast<int>(rank);
+  state->size = static_cast<int>(world);
+  state->local_rank = static_cast<int>(local_rank);
+  state->local_size = static_cast<int>(local_size);
+  state->timeout = timeout;
+  ProcessGroup group(std::move(state));
+  set_log_rank(group.rank());
+  log_info("process group ready: backend={} rank={}/{} init_method={}", group.backend(), group.rank(), group.size(),
+           options.init_method());
+  if (options.set_default()) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_default = group;
+  }
+  return group;
+}
+
+ProcessGroup wrap_process_group(c10::intrusive_ptr<c10d::ProcessGroup> pg, c10::intrusive_ptr<c10d::Store> store,
+                                std::chrono::milliseconds timeout) {
+  TORCH_CHECK(pg, "ampp::dist::wrap_process_group: the c10d process group is null.");
+  auto state = std::make_shared<ProcessGroup::State>();
+  state->rank = pg->getRank();
+  state->size = pg->getSize();
+  state->local_rank = state->rank;
+  state->local_size = state->size;
+  state->backend = pg->getBackendName();
+  state->pg = std::move(pg);
+  state->store = std::move(store);
+  state->timeout = timeout;
+  return ProcessGroup(std::move(state));
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return static_cast<bool>(g_default);
+}
+
+ProcessGroup default_group() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  TORCH_CHECK(g_default, "Default process group has not been initialized, please make sure to call "
+              "ampp::dist::init_process_group().");
+  return g_default;
+}
+
+int get_rank() { return default_group().rank(); }
+int get_world_size() { return default_group().size(); }
+
+void destroy_process_group() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_default = ProcessGroup();
+}
+
+}  // namespace ampp::dist
