@@ -1,0 +1,58 @@
+#pragma once
+// Datasets for `ampp train`: MNIST-format IDX folders (Fashion-MNIST by default) and a seeded
+// synthetic set, held entirely in memory as normalised float tensors.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace ampp::train {
+
+// Where Debian's `dataset-fashion-mnist` package installs its gzip IDX files.
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+// One split, entirely in memory.
+struct Dataset {
+  torch::Tensor images;  // [N, C, H, W] float32, normalised
+  torch::Tensor labels;  // [N] int64
+  int64_t num_classes = 10;
+  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+};
+
+struct DatasetPair {
+  Dataset train;
+  Dataset test;
+  std::string description;  // e.g. "fashion-mnist (/usr/share/...): 60000 train, 10000 test"
+};
+
+// Reads one IDX file (gzip-compressed or plain; zlib reads both) into a uint8 tensor whose
+// shape is the one in the file's header. Only unsigned-byte IDX files (type 0x08) are
+// accepted, which is what MNIST-format datasets use. Throws c10::Error naming the file and
+// the problem for a missing, truncated or malformed file.
+torch::Tensor read_idx(const std::string& path);
+
+// Loads an MNIST-format folder: train-images-idx3-ubyte, train-labels-idx1-ubyte,
+// t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each optionally with .gz; the
+// "train-images.idx3-ubyte" spelling is accepted too). Images are scaled to [0,1] and then
+// normalised with the training split's mean and standard deviation.
+DatasetPair load_mnist_folder(const std::string& dir);
+
+struct SyntheticOptions {
+  TORCH_ARG(int64_t, train_size) = 2048;
+  TORCH_ARG(int64_t, test_size) = 512;
+  TORCH_ARG(int64_t, num_classes) = 10;
+  TORCH_ARG(uint64_t, seed) = 0;
+  // Noise around the class prototypes; larger is harder.
+  TORCH_ARG(double, noise) = 1.0;
+};
+
+// A seeded, learnable 1x28x28 classification set (class prototypes plus Gaussian noise):
+// the same options give bit-identical tensors on every process.
+DatasetPair make_synthetic(const SyntheticOptions& options = {});
+
+// `spec` as given to `ampp train --data`: "" or "fashion-mnist" -> the Debian package's
+// folder (an error naming `apt install dataset-fashion-mnist` if absent), "synthetic" or
+// "synthetic:N" (N training images) -> make_synthetic, anything else -> an MNIST-format folder.
+DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed = 0);
+
+}  // namespace ampp::train

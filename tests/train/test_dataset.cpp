@@ -1,0 +1,163 @@
+// IDX reader, MNIST-format folders, synthetic data and the batch iterator.
+#include <ampp/train/batches.h>
+#include <ampp/train/dataset.h>
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "train/test_util.h"
+
+namespace fs = std::filesystem;
+using namespace ampp::train;
+
+namespace {
+
+// An IDX file: 0,0,0x08,ndim, big-endian dims, then bytes.
+std::string idx_bytes(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
+  std::string s{'\0', '\0', '\x08', static_cast<char>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((d >> shift) & 0xff));
+  }
+  s.append(data.begin(), data.end());
+  return s;
+}
+
+void write_file(const fs::path& p, const std::string& bytes, bool gzip) {
+  if (gzip) {
+    gzFile f = gzopen(p.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()), static_cast<int>(bytes.size()));
+    gzclose(f);
+  } else {
+    std::ofstream(p, std::ios::binary) << bytes;
+  }
+}
+
+std::vector<uint8_t> iota_bytes(size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 7);
+  return v;
+}
+
+// A tiny MNIST-format folder: 6 training and 3 test images of 2x3 pixels.
+void write_tiny_folder(const fs::path& dir, bool gzip) {
+  const std::string gz = gzip ? ".gz" : "";
+  write_file(dir / ("train-images-idx3-ubyte" + gz), idx_bytes({6, 2, 3}, iota_bytes(36)), gzip);
+  write_file(dir / ("train-labels-idx1-ubyte" + gz), idx_bytes({6}, {0, 1, 2, 0, 1, 2}), gzip);
+  write_file(dir / ("t10k-images-idx3-ubyte" + gz), idx_bytes({3, 2, 3}, iota_bytes(18)), gzip);
+  write_file(dir / ("t10k-labels-idx1-ubyte" + gz), idx_bytes({3}, {2, 1, 0}), gzip);
+}
+
+}  // namespace
+
+TEST(Idx, ReadsPlainAndGzipWithHeaderShape) {
+  TempDir tmp;
+  const auto bytes = iota_bytes(24);
+  for (bool gzip : {false, true}) {
+    const fs::path p = tmp.path() / (gzip ? "a.gz" : "a");
+    write_file(p, idx_bytes({2, 3, 4}, bytes), gzip);
+    auto t = read_idx(p.string());
+    ASSERT_EQ(t.sizes(), (std::vector<int64_t>{2, 3, 4}));
+    ASSERT_EQ(t.scalar_type(), torch::kUInt8);
+    EXPECT_EQ(t[1][2][3].item<int>(), bytes[23]);
+    EXPECT_EQ(t[0][1][0].item<int>(), bytes[4]);
+  }
+}
+
+TEST(Idx, TruncatedFileIsAClearError) {
+  TempDir tmp;
+  auto bytes = idx_bytes({2, 3, 4}, iota_bytes(24));
+  bytes.resize(bytes.size() - 5);
+  write_file(tmp.path() / "t", bytes, false);
+  EXPECT_THROW_MSG(read_idx((tmp.path() / "t").string()), "truncated");
+}
+
+TEST(Idx, BadMagicTypeAndTrailingBytesAreClearErrors) {
+  TempDir tmp;
+  write_file(tmp.path() / "m", "PK\x03\x04garbage", false);
+  EXPECT_THROW_MSG(read_idx((tmp.path() / "m").string()), "not an IDX file");
+  std::string wrong_type = idx_bytes({2}, {1, 2});
+  wrong_type[2] = 0x0D;  // float
+  write_file(tmp.path() / "f", wrong_type, false);
+  EXPECT_THROW_MSG(read_idx((tmp.path() / "f").string()), "only unsigned-byte");
+  write_file(tmp.path() / "x", idx_bytes({2}, {1, 2, 3}), false);
+  EXPECT_THROW_MSG(read_idx((tmp.path() / "x").string()), "data past the size");
+  EXPECT_THROW_MSG(read_idx((tmp.path() / "missing").string()), "does not exist");
+}
+
+TEST(Idx, CorruptGzipIsAClearError) {
+  TempDir tmp;
+  write_file(tmp.path() / "g.gz", idx_bytes({64}, std::vector<uint8_t>(64, 9)), true);
+  // Flip bytes inside the deflate stream: zlib reports a data error or a CRC mismatch.
+  std::fstream f(tmp.path() / "g.gz", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(12);
+  f.write("\xff\xff\xff\xff\xff\xff", 6);
+  f.close();
+  EXPECT_THROW_MSG(read_idx((tmp.path() / "g.gz").string()), "IDX file");
+}
+
+TEST(MnistFolder, LoadsAndNormalisesWithTrainingStatistics) {
+  for (bool gzip : {false, true}) {
+    TempDir tmp;
+    write_tiny_folder(tmp.path(), gzip);
+    auto pair = load_mnist_folder(tmp.path().string());
+    ASSERT_EQ(pair.train.images.sizes(), (std::vector<int64_t>{6, 1, 2, 3}));
+    ASSERT_EQ(pair.test.images.sizes(), (std::vector<int64_t>{3, 1, 2, 3}));
+    EXPECT_EQ(pair.train.labels[2].item<int64_t>(), 2);
+    EXPECT_EQ(pair.test.labels[0].item<int64_t>(), 2);
+    EXPECT_EQ(pair.train.num_classes, 3);
+    // Hand computation: raw pixel k of the training set is (7k mod 256)/255.
+    auto raw = torch::tensor(iota_bytes(36)).to(torch::kFloat32) / 255.0;
+    const double mean = raw.mean().item<double>(), sd = raw.std().item<double>();
+    EXPECT_NEAR(pair.train.images.mean().item<double>(), 0.0, 1e-6);
+    const double raw5 = (7 * 5 % 256) / 255.0;
+    EXPECT_NEAR(pair.train.images[0][0][1][2].item<double>(), (raw5 - mean) / sd, 1e-5);
+    EXPECT_NEAR(pair.test.images[0][0][1][2].item<double>(), (raw5 - mean) / sd, 1e-5);  // train statistics
+  }
+}
+
+TEST(MnistFolder, MissingFilesAndCountMismatchAreClearErrors) {
+  TempDir tmp;
+  EXPECT_THROW_MSG(load_mnist_folder((tmp.path() / "nope").string()), "does not exist");
+  EXPECT_THROW_MSG(load_mnist_folder(tmp.path().string()), "train-images-idx3-ubyte");
+  write_tiny_folder(tmp.path(), false);
+  write_file(tmp.path() / "train-labels-idx1-ubyte", idx_bytes({5}, {0, 1, 2, 0, 1}), false);
+  EXPECT_THROW_MSG(load_mnist_folder(tmp.path().string()), "6 images but");
+}
+
+TEST(Synthetic, SeededAndReproducible) {
+  auto a = make_synthetic(SyntheticOptions().train_size(64).test_size(16).seed(3));
+  auto b = make_synthetic(SyntheticOptions().train_size(64).test_size(16).seed(3));
+  auto c = make_synthetic(SyntheticOptions().train_size(64).test_size(16).seed(4));
+  EXPECT_TRUE(torch::equal(a.train.images, b.train.images));
+  EXPECT_TRUE(torch::equal(a.test.labels, b.test.labels));
+  EXPECT_FALSE(torch::equal(a.train.images, c.train.images));
+  EXPECT_EQ(a.train.images.sizes(), (std::vector<int64_t>{64, 1, 28, 28}));
+  EXPECT_LT(a.train.labels.max().item<int64_t>(), 10);
+  EXPECT_EQ(load_dataset("synthetic:100").train.size(), 100);
+  EXPECT_THROW_MSG(load_dataset("synthetic:abc"), "synthetic:N");
+}
+
+TEST(Batches, FollowsTheIndexListAndResumesMidway) {
+  auto pair = make_synthetic(SyntheticOptions().train_size(10).test_size(2));
+  BatchIterator it(pair.train, {9, 3, 5, 1, 0, 7, 2}, 3, /*drop_last=*/false);
+  EXPECT_EQ(it.num_batches(), 3);
+  auto b0 = it.next();
+  ASSERT_TRUE(b0);
+  EXPECT_TRUE(torch::equal(b0->target, pair.train.labels.index_select(0, torch::tensor({9, 3, 5}))));
+  EXPECT_TRUE(torch::equal(b0->data[1], pair.train.images[3]));
+  it.next();
+  auto last = it.next();
+  ASSERT_TRUE(last);
+  EXPECT_EQ(last->data.size(0), 1);  // the short final batch
+  EXPECT_FALSE(it.next());
+
+  BatchIterator dropped(pair.train, {9, 3, 5, 1, 0, 7, 2}, 3, /*drop_last=*/true);
+  EXPECT_EQ(dropped.num_batches(), 2);
+  dropped.skip_to(1);
+  EXPECT_TRUE(torch::equal(dropped.next()->target, pair.train.labels.index_select(0, torch::tensor({1, 0, 7}))));
+  EXPECT_FALSE(dropped.next());
+  EXPECT_THROW_MSG(BatchIterator(pair.train, {10}, 2, false), "out of range");
+}
