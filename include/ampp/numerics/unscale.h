@@ -1,0 +1,27 @@
+#pragma once
+// Fused gradient unscale + non-finite detection (ampp's CPU implementation of
+// aten::_amp_foreach_non_finite_check_and_unscale_, which LibTorch 1.13 only has for CUDA).
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+namespace ampp::numerics {
+
+/// For every tensor t in `scaled_grads`, in place: t = t * inv_scale (computed in fp32 for
+/// fp32/bf16/fp16, fp64 for double; skipped when inv_scale == 1), and if any element of any tensor is
+/// inf, -inf or NaN, sets found_inf to 1.0. found_inf is never written to 0: the caller zeroes it first,
+/// so one found_inf can collect several calls (exactly like the ATen op).
+///
+/// found_inf, inv_scale: float32, one element, on the grads' device. Tensors: strided, one device.
+/// On CPU the tensors may mix float, double, bfloat16 and half (one parallel pass over all of them);
+/// on other devices they are grouped by dtype and handed to ATen's op.
+void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf,
+                                   const at::Tensor& inv_scale);
+
+/// True if any element of any tensor is inf/-inf/NaN (the same pass with inv_scale 1, read only).
+bool has_non_finite(at::TensorList tensors);
+
+/// Name of the CPU kernel variant picked at run time ("avx2" or "default").
+const char* unscale_kernel_variant();
+
+}  // namespace ampp::numerics
