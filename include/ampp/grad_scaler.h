@@ -15,7 +15,6 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
-#include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
@@ -86,7 +85,8 @@ using FoundInfReducer = std::function<void(torch::Tensor& found_inf)>;
 /// state_dict(): PyTorch's keys "scale" (double), "growth_factor" (double), "backoff_factor" (double),
 /// "growth_interval" (int), "_growth_tracker" (int); ampp extras "_ampp_hysteresis_tracker",
 /// "_ampp_skipped_steps", "_ampp_min_scale_overflows" (ints). Empty when disabled.
-using GradScalerStateDict = c10::Dict<std::string, c10::IValue>;
+/// (std::map rather than c10::Dict, which cannot hold IValue values without a runtime type.)
+using GradScalerStateDict = std::map<std::string, c10::IValue>;
 
 class GradScaler {
  public:

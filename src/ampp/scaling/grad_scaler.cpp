@@ -1,0 +1,332 @@
+// GradScaler: PyTorch 1.13's torch.cuda.amp.GradScaler state machine on LibTorch optimizers, with the
+// scale arithmetic in ampp::numerics. Policies beyond PyTorch (static, max cap, min floor,
+// hysteresis) switch update() from ATen's growth-tracker kernel to the host-side rule below, which
+// reduces to the same arithmetic when every policy is at its default.
+
+#include <ampp/grad_scaler.h>
+
+#include <ampp/numerics/unscale.h>
+#include <ampp/numerics/update_scale.h>
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+namespace ampp {
+namespace {
+
+void validate(const GradScalerOptions& o) {
+  // PyTorch's two checks first (its messages), then ampp's (PyTorch accepts these silently and
+  // produces a NaN/zero scale or never grows).
+  TORCH_CHECK(o.growth_factor() > 1.0, "The growth factor must be > 1.0. Got ", o.growth_factor(),
+              "; pass GradScalerOptions().growth_factor(x) with x > 1 (PyTorch's default is 2.0).");
+  TORCH_CHECK(o.backoff_factor() < 1.0, "The backoff factor must be < 1.0. Got ", o.backoff_factor(),
+              "; pass GradScalerOptions().backoff_factor(x) with 0 < x < 1 (PyTorch's default is 0.5).");
+  TORCH_CHECK(o.backoff_factor() > 0.0, "The backoff factor must be > 0.0. Got ", o.backoff_factor(),
+              "; pass GradScalerOptions().backoff_factor(x) with 0 < x < 1 (PyTorch's default is 0.5).");
+  TORCH_CHECK(std::isfinite(o.init_scale()) && o.init_scale() > 0.0,
+              "The initial scale must be finite and > 0. Got ", o.init_scale(),
+              "; pass GradScalerOptions().init_scale(x), e.g. 65536 (2^16, PyTorch's default).");
+  TORCH_CHECK(o.growth_interval() >= 1, "The growth interval must be >= 1. Got ", o.growth_interval(),
+              "; pass GradScalerOptions().growth_interval(n) with n >= 1 (PyTorch's default is 2000).");
+  TORCH_CHECK(o.max_scale() > 0.0, "max_scale must be > 0 (or +inf for no cap). Got ", o.max_scale(), ".");
+  TORCH_CHECK(std::isfinite(o.min_scale()) && o.min_scale() >= 0.0,
+              "min_scale must be finite and >= 0 (0 = no floor). Got ", o.min_scale(), ".");
+  TORCH_CHECK(o.min_scale() <= o.init_scale() && o.init_scale() <= o.max_scale(),
+              "init_scale (", o.init_scale(), ") must lie in [min_scale, max_scale] = [", o.min_scale(), ", ",
+              o.max_scale(), "]; lower init_scale to at most max_scale (apex uses min(init_scale, max_loss_scale)) "
+              "or widen the bounds.");
+  TORCH_CHECK(o.hysteresis() >= 1, "hysteresis must be >= 1 (1 = back off on every overflow, as PyTorch). Got ",
+              o.hysteresis(), ".");
+  TORCH_CHECK(o.min_scale_patience() >= 1, "min_scale_patience must be >= 1. Got ", o.min_scale_patience(), ".");
+}
+
+// PyTorch's default behaviour is exactly ATen's _amp_update_scale_; anything else needs the policy rule.
+bool plain_pytorch_rule(const GradScalerOptions& o) {
+  return o.dynamic() && o.hysteresis() == 1 && o.min_scale() == 0.0 &&
+         o.max_scale() == std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)) {
+  if (options_.enabled()) validate(options_);
+  hysteresis_tracker_ = options_.hysteresis();
+}
+
+void GradScaler::check_scale_growth_tracker(const char* funcname) const {
+  const char* fix = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration.";
+  TORCH_CHECK(scale_.defined(), "Attempted ", funcname, " but _scale is None.  ", fix);
+  TORCH_CHECK(growth_tracker_.defined(), "Attempted ", funcname, " but _growth_tracker is None.  ", fix);
+}
+
+void GradScaler::lazy_init_scale_growth_tracker(const torch::Device& device) {
+  TORCH_INTERNAL_ASSERT(!growth_tracker_.defined(), "_growth_tracker initialized before _scale");
+  scale_ = torch::full({}, options_.init_scale(), torch::dtype(torch::kFloat).device(device));
+  growth_tracker_ = torch::full({}, init_growth_tracker_, torch::dtype(torch::kInt).device(device));
+}
+
+GradScaler::PerOptimizerState& GradScaler::state_of(const torch::optim::Optimizer& optimizer) {
+  return per_optimizer_states_[&optimizer];
+}
+
+OptState GradScaler::stage(const torch::optim::Optimizer& optimizer) const {
+  auto it = per_optimizer_states_.find(&optimizer);
+  return it == per_optimizer_states_.end() ? OptState::kReady : it->second.stage;
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
+  if (!is_enabled()) return outputs;
+  TORCH_CHECK(outputs.defined(), "GradScaler::scale: outputs must be a defined tensor (e.g. the loss).");
+  if (!scale_.defined()) lazy_init_scale_growth_tracker(outputs.device());
+  // Out of place, like PyTorch: the scaled loss is a new autograd node; a 0-dim float scale does not
+  // promote a bf16/fp16 loss.
+  return outputs * (scale_.device() == outputs.device() ? scale_ : scale_.to(outputs.device()));
+}
+
+std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& outputs) {
+  std::vector<torch::Tensor> out;
+  out.reserve(outputs.size());
+  for (const auto& t : outputs) out.push_back(scale(t));
+  return out;
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!is_enabled()) return;
+  check_scale_growth_tracker("unscale_");
+  PerOptimizerState& st = state_of(optimizer);
+  TORCH_CHECK(st.stage != OptState::kUnscaled,
+              "unscale_() has already been called on this optimizer since the last update(). "
+              "Call unscale_(optimizer) at most once per iteration, before step(optimizer) and update().");
+  TORCH_CHECK(st.stage != OptState::kStepped,
+              "unscale_() is being called after step(). "
+              "Call unscale_(optimizer) before step(optimizer) (step() unscales by itself when needed).");
+
+  // Reciprocal in double on purpose (as PyTorch): 1/scale is exact for powers of two either way, and
+  // closer for others.
+  const torch::Tensor inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  const torch::Tensor found_inf = torch::zeros({}, scale_.options());
+
+  // Group the grads by device (the CPU kernel takes mixed dtypes in one pass); every device gets its
+  // own found_inf, as PyTorch's _MultiDeviceReplicator does.
+  std::map<std::string, std::vector<torch::Tensor>> per_device;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      torch::Tensor grad = param.grad();
+      TORCH_CHECK(options_.allow_fp16_grads() || grad.scalar_type() != torch::kHalf,
+                  "Attempting to unscale FP16 gradients. Keep the parameters (master weights) in fp32 and let "
+                  "autocast run ops in fp16, or set GradScalerOptions().allow_fp16_grads(true) for pure-fp16 "
+                  "training.");
+      if (grad.is_sparse()) {
+        // Coalescing may sum scaled duplicates into an inf: coalesce first so that is what gets checked.
+        if (grad.scalar_type() == torch::kHalf) {
+          param.mutable_grad() = grad.coalesce();
+          grad = param.grad();
+        }
+        grad = grad._values();
+      }
+      per_device[grad.device().str()].push_back(grad);
+    }
+  }
+
+  st.found_inf_per_device.clear();
+  for (auto& [dev, grads] : per_device) {
+    const torch::Device device(dev);
+    torch::Tensor f = device == scale_.device() ? found_inf.clone() : found_inf.to(device, false, true);
+    const torch::Tensor inv = device == scale_.device() ? inv_scale : inv_scale.to(device);
+    numerics::non_finite_check_and_unscale_(grads, f, inv);
+    st.found_inf_per_device.emplace(dev, f);
+  }
+
+  if (reducer_) {
+    // One combined flag per optimizer, reduced across processes. Called even when this process has no
+    // grads for the optimizer, so that collective calls match on every rank.
+    torch::Tensor combined = torch::zeros({}, scale_.options());
+    for (auto& [dev, f] : st.found_inf_per_device) combined += f.to(scale_.device());
+    reducer_(combined);
+    st.found_inf_per_device.clear();
+    st.found_inf_per_device.emplace(scale_.device().str(), combined);
+  }
+  st.stage = OptState::kUnscaled;
+}
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure) {
+  if (!is_enabled()) {
+    optimizer.step(std::move(closure));
+    found_inf_last_step_ = false;
+    return true;
+  }
+  TORCH_CHECK(!closure, "Closure use is not currently supported if GradScaler is enabled. "
+                        "Compute the loss and call backward() on scaler.scale(loss) before step(optimizer).");
+  check_scale_growth_tracker("step");
+  TORCH_CHECK(state_of(optimizer).stage != OptState::kStepped,
+              "step() has already been called since the last update(). "
+              "Call update() once per iteration, after step() of every optimizer.");
+  if (state_of(optimizer).stage == OptState::kReady) unscale_(optimizer);
+
+  PerOptimizerState& st = state_of(optimizer);
+  TORCH_CHECK(!st.found_inf_per_device.empty(),
+              "No inf checks were recorded for this optimizer. None of its parameters has a gradient: call "
+              "scaler.scale(loss).backward() before step(optimizer), and check that the optimizer holds the "
+              "model's parameters.");
+  double found = 0.0;  // PyTorch 1.13: step if the sum over devices is zero
+  for (auto& [dev, f] : st.found_inf_per_device) found += f.item<double>();
+  const bool do_step = found == 0.0;
+  if (do_step) {
+    optimizer.step();
+  } else {
+    ++skipped_steps_;
+  }
+  found_inf_last_step_ = !do_step;
+  st.stage = OptState::kStepped;
+  return do_step;
+}
+
+void GradScaler::update(double new_scale) {
+  if (!is_enabled()) return;
+  check_scale_growth_tracker("update");
+  TORCH_CHECK(std::isfinite(new_scale) && new_scale > 0.0, "update(new_scale): new_scale must be finite and > 0. Got ",
+              new_scale, "; a zero or non-finite scale turns every gradient into inf/NaN.");
+  scale_.fill_(new_scale);
+  per_optimizer_states_.clear();
+}
+
+void GradScaler::update() {
+  if (!is_enabled()) return;
+  check_scale_growth_tracker("update");
+
+  std::vector<torch::Tensor> found_infs;
+  for (auto& [opt, st] : per_optimizer_states_) {
+    for (auto& [dev, f] : st.found_inf_per_device) found_infs.push_back(f.to(scale_.device()));
+  }
+  TORCH_CHECK(!found_infs.empty(),
+              "No inf checks were recorded prior to update(). Call step(optimizer) (or unscale_(optimizer)) "
+              "for at least one optimizer whose parameters have gradients before update().");
+  // Reset now: whatever happens below (including the min-scale error), the next iteration starts clean.
+  per_optimizer_states_.clear();
+  torch::Tensor found_inf_combined = found_infs[0].clone();
+  for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined += found_infs[i];
+
+  if (!options_.dynamic()) return;  // static loss scale: never changes
+  if (plain_pytorch_rule(options_)) {
+    numerics::amp_update_scale_(scale_, growth_tracker_, found_inf_combined, options_.growth_factor(),
+                                options_.backoff_factor(), options_.growth_interval());
+    return;
+  }
+
+  // Policy rule (host side; one sync, like get_scale()). Same products as ATen: double, stored as float.
+  const bool found = found_inf_combined.item<float>() != 0.0f;
+  const double scale = scale_.item<float>();
+  const int64_t tracker = growth_tracker_.item<int32_t>();
+  double next = scale;
+  int64_t next_tracker = 0;
+  if (found) {
+    // Any overflow restarts the growth window; only the hysteresis-th one in a row backs off.
+    if (hysteresis_tracker_ > 1) {
+      --hysteresis_tracker_;
+    } else if (options_.min_scale() > 0.0 && scale <= options_.min_scale()) {
+      ++min_scale_overflows_;
+      if (min_scale_overflows_ >= options_.min_scale_patience()) {
+        const auto msg = c10::str(
+            "Current loss scale already at minimum - cannot decrease scale anymore. The scale is at min_scale = ",
+            options_.min_scale(), " and ", min_scale_overflows_,
+            " consecutive update(s) still found inf/NaN gradients (those steps were skipped). The gradients "
+            "overflow regardless of loss scaling: check the learning rate, the inputs and numerically unstable "
+            "ops (run them in fp32), or lower GradScalerOptions().min_scale / raise min_scale_patience / use "
+            "at_min_scale(MinScaleAction::kWarn) to keep going.");
+        if (options_.at_min_scale() == MinScaleAction::kError) {
+          growth_tracker_.fill_(0);
+          TORCH_CHECK(false, msg);
+        }
+        if (options_.at_min_scale() == MinScaleAction::kWarn &&
+            min_scale_overflows_ == options_.min_scale_patience()) {
+          TORCH_WARN(msg);
+        }
+      }
+    } else {
+      next = std::max(static_cast<double>(static_cast<float>(scale * options_.backoff_factor())),
+                      options_.min_scale());
+    }
+  } else {
+    min_scale_overflows_ = 0;
+    if (options_.consecutive_hysteresis()) hysteresis_tracker_ = options_.hysteresis();
+    if (tracker + 1 == options_.growth_interval()) {
+      next = std::min(static_cast<double>(static_cast<float>(scale * options_.growth_factor())),
+                      options_.max_scale());
+      hysteresis_tracker_ = options_.hysteresis();
+    } else {
+      next_tracker = tracker + 1;
+    }
+  }
+  scale_.fill_(next);
+  growth_tracker_.fill_(next_tracker);
+}
+
+double GradScaler::get_scale() const {
+  if (!is_enabled()) return 1.0;
+  return scale_.defined() ? static_cast<double>(scale_.item<float>()) : options_.init_scale();
+}
+
+int64_t GradScaler::get_growth_tracker() const {
+  if (!is_enabled()) return 0;
+  return growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : init_growth_tracker_;
+}
+
+GradScalerStateDict GradScaler::state_dict() const {
+  GradScalerStateDict sd;
+  if (!is_enabled()) return sd;
+  sd["scale"] = get_scale();
+  sd["growth_factor"] = options_.growth_factor();
+  sd["backoff_factor"] = options_.backoff_factor();
+  sd["growth_interval"] = options_.growth_interval();
+  sd["_growth_tracker"] = get_growth_tracker();
+  sd["_ampp_hysteresis_tracker"] = hysteresis_tracker_;
+  sd["_ampp_skipped_steps"] = skipped_steps_;
+  sd["_ampp_min_scale_overflows"] = min_scale_overflows_;
+  return sd;
+}
+
+void GradScaler::load_state_dict(const GradScalerStateDict& state) {
+  if (!is_enabled()) return;
+  TORCH_CHECK(!state.empty(),
+              "The source state dict is empty, possibly because it was saved from a disabled instance of "
+              "GradScaler.");
+  auto required = [&](const char* key) {
+    TORCH_CHECK(state.count(key) != 0, "GradScaler::load_state_dict: key \"", key,
+                "\" is missing; pass a dict produced by GradScaler::state_dict().");
+    return state.at(key);
+  };
+  options_.init_scale(required("scale").toDouble());
+  options_.growth_factor(required("growth_factor").toDouble());
+  options_.backoff_factor(required("backoff_factor").toDouble());
+  options_.growth_interval(required("growth_interval").toInt());
+  init_growth_tracker_ = required("_growth_tracker").toInt();
+  if (scale_.defined()) scale_.fill_(options_.init_scale());
+  if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
+  // ampp extras are optional, so a state dict written from PyTorch's keys alone loads too.
+  if (state.count("_ampp_hysteresis_tracker")) hysteresis_tracker_ = state.at("_ampp_hysteresis_tracker").toInt();
+  if (state.count("_ampp_skipped_steps")) skipped_steps_ = state.at("_ampp_skipped_steps").toInt();
+  if (state.count("_ampp_min_scale_overflows")) min_scale_overflows_ = state.at("_ampp_min_scale_overflows").toInt();
+}
+
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  for (const auto& [key, value] : state_dict()) archive.write(key, value);
+}
+
+void GradScaler::load(torch::serialize::InputArchive& archive) {
+  if (!is_enabled()) return;
+  GradScalerStateDict sd;
+  for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker",
+                          "_ampp_hysteresis_tracker", "_ampp_skipped_steps", "_ampp_min_scale_overflows"}) {
+    c10::IValue v;
+    if (archive.try_read(key, v)) sd[key] = v;
+  }
+  load_state_dict(sd);
+}
+
+}  // namespace ampp
