@@ -1,0 +1,109 @@
+#pragma once
+// DistributedDataParallel for any torch::nn::Module holder (or std::shared_ptr<Module>):
+//   ampp::dist::DistributedDataParallel ddp(net, pg);   // broadcasts rank 0's weights
+//   auto loss = criterion(ddp->forward(x), y);
+//   loss.backward();                                     // grads averaged across ranks on return
+//   { auto guard = ddp.no_sync(); ... }                  // accumulate locally
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/pimpl.h>
+
+#include <ampp/dist/comm_hooks.h>
+#include <ampp/dist/process_group.h>
+#include <ampp/dist/reducer.h>
+
+namespace ampp::dist {
+
+namespace detail {
+// Output tensors of forward, so find_unused_parameters can walk the graph from them.
+inline void collect_tensors(const torch::Tensor& t, std::vector<torch::Tensor>& out) { out.push_back(t); }
+inline void collect_tensors(const std::vector<torch::Tensor>& v, std::vector<torch::Tensor>& out) {
+  out.insert(out.end(), v.begin(), v.end());
+}
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<torch::Tensor>& out);
+template <typename... T>
+void collect_tensors(const std::tuple<T...>& t, std::vector<torch::Tensor>& out);
+template <typename T>
+void collect_tensors(const T&, std::vector<torch::Tensor>&) {}  // not a tensor container
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<torch::Tensor>& out) {
+  collect_tensors(p.first, out);
+  collect_tensors(p.second, out);
+}
+template <typename... T>
+void collect_tensors(const std::tuple<T...>& t, std::vector<torch::Tensor>& out) {
+  std::apply([&out](const auto&... x) { (collect_tensors(x, out), ...); }, t);
+}
+
+template <typename T>
+std::shared_ptr<torch::nn::Module> module_ptr(const torch::nn::ModuleHolder<T>& h) { return h.ptr(); }
+template <typename T>
+std::shared_ptr<torch::nn::Module> module_ptr(const std::shared_ptr<T>& p) { return p; }
+}  // namespace detail
+
+// RAII form of PyTorch's `with ddp.no_sync():`.
+class [[nodiscard]] NoSyncGuard {
+ public:
+  explicit NoSyncGuard(Reducer& reducer) : reducer_(&reducer), previous_(reducer.require_backward_grad_sync()) {
+    reducer.set_require_backward_grad_sync(false);
+  }
+  NoSyncGuard(NoSyncGuard&& other) noexcept : reducer_(std::exchange(other.reducer_, nullptr)), previous_(other.previous_) {}
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+  ~NoSyncGuard() {
+    if (reducer_) reducer_->set_require_backward_grad_sync(previous_);
+  }
+
+ private:
+  Reducer* reducer_;
+  bool previous_;
+};
+
+template <typename ModuleHolder>
+class DistributedDataParallel {
+ public:
+  explicit DistributedDataParallel(ModuleHolder module, ProcessGroup group = default_group(),
+                                   DistributedDataParallelOptions options = {})
+      : module_(std::move(module)),
+        reducer_(std::make_shared<Reducer>(detail::module_ptr(module_), std::move(group), options)) {}
+  DistributedDataParallel(ModuleHolder module, DistributedDataParallelOptions options)
+      : DistributedDataParallel(std::move(module), default_group(), options) {}
+
+  // Calls the wrapped module's forward, with DDP's bookkeeping around it.
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    reducer_->pre_forward();
+    auto out = module_->forward(std::forward<Args>(args)...);
+    std::vector<torch::Tensor> tensors;
+    detail::collect_tensors(out, tensors);
+    reducer_->post_forward(tensors);
+    return out;
+  }
+  template <typename... Args>
+  auto operator()(Args&&... args) { return forward(std::forward<Args>(args)...); }
+  // ddp->forward(x) reads like the holder it wraps.
+  DistributedDataParallel* operator->() { return this; }
+
+  NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+  void register_comm_hook(CommHook hook) { reducer_->register_comm_hook(std::move(hook)); }
+  void register_builtin_comm_hook(BuiltinCommHook type) {
+    reducer_->register_comm_hook(builtin_comm_hook(type, reducer_->process_group()));
+  }
+
+  ModuleHolder& module() { return module_; }
+  const ModuleHolder& module() const { return module_; }
+  std::vector<torch::Tensor> parameters() const { return module_->parameters(); }
+  Reducer& reducer() { return *reducer_; }
+  const ProcessGroup& process_group() const { return reducer_->process_group(); }
+
+ private:
+  ModuleHolder module_;
+  std::shared_ptr<Reducer> reducer_;
+};
+
+}  // namespace ampp::dist

@@ -1,0 +1,96 @@
+#pragma once
+// The engine of DistributedDataParallel (PyTorch's c10d::Reducer, re-implemented because Debian's
+// reducer.hpp cannot be included): gradient buckets, per-parameter hooks after gradient
+// accumulation, asynchronous bucket allreduce overlapping backward, and the end-of-backward wait.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+
+#include <ampp/dist/comm_hooks.h>
+#include <ampp/dist/process_group.h>
+
+namespace ampp::dist {
+
+// PyTorch's kDefaultFirstBucketBytes (dist._DEFAULT_FIRST_BUCKET_BYTES).
+inline constexpr int64_t kDefaultFirstBucketBytes = 1 << 20;
+
+struct DistributedDataParallelOptions {
+  // Re-broadcast rank 0's buffers (e.g. BatchNorm running stats) before each forward.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  // Bucket size cap in MiB (PyTorch: 25).
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // Cap of the first bucket to be reduced (holding the last-used parameters), so communication
+  // starts early in backward (PyTorch: 1 MiB).
+  TORCH_ARG(int64_t, first_bucket_bytes) = kDefaultFirstBucketBytes;
+  // Traverse the autograd graph after each forward and treat parameters that did not take part as
+  // ready (zero contribution). Without it an unused parameter is an error at the next forward.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+};
+
+// Assigns tensors (visited in `order`) to buckets per dtype/device: a bucket closes when its bytes
+// reach its limit; the k-th bucket of a dtype uses size_limits[k] (the last limit repeats); open
+// buckets are closed at the end. Buckets come back in the order they were closed.
+std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(const std::vector<torch::Tensor>& tensors,
+                                                                    const std::vector<int64_t>& size_limits,
+                                                                    const std::vector<size_t>& order);
+
+// Diagnostic timeline of the last synchronised backward (steady_clock).
+struct BucketTimeline {
+  size_t index = 0;
+  size_t num_params = 0;
+  int64_t bytes = 0;
+  std::chrono::steady_clock::time_point launched;  // allreduce (hook) started
+  std::chrono::steady_clock::time_point completed; // collective future completed
+};
+struct IterationTimeline {
+  std::chrono::steady_clock::time_point first_hook;     // first gradient ready
+  std::chrono::steady_clock::time_point last_hook;      // last gradient ready (backward compute done)
+  std::chrono::steady_clock::time_point finalize_begin; // autograd graph finished; waits start
+  std::chrono::steady_clock::time_point finalize_end;   // all waits done, grads written
+  std::vector<BucketTimeline> buckets;
+};
+
+class Reducer {
+ public:
+  // Takes the module's parameters (deduplicated, requires_grad only, registration order) and
+  // buffers, checks that every rank has the same model, broadcasts rank 0's parameters and
+  // buffers, builds buckets and installs the gradient hooks.
+  Reducer(std::shared_ptr<torch::nn::Module> module, ProcessGroup group, DistributedDataParallelOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Around the wrapped module's forward (DistributedDataParallel calls these).
+  void pre_forward();
+  void post_forward(const std::vector<torch::Tensor>& outputs);
+
+  // no_sync(): while false, backward accumulates locally without communication.
+  void set_require_backward_grad_sync(bool on);
+  bool require_backward_grad_sync() const;
+
+  // Replace the default (pre-divide + allreduce SUM) reduction. Once, before training.
+  void register_comm_hook(CommHook hook);
+
+  const std::vector<std::vector<size_t>>& bucket_indices() const;
+  const std::vector<torch::Tensor>& parameters() const;
+  const std::vector<std::string>& parameter_names() const;
+  IterationTimeline last_timeline() const;
+  const ProcessGroup& process_group() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Broadcast tensors from `src` in place, packed by dtype into flat chunks of at most `chunk_bytes`
+// (PyTorch's _broadcast_coalesced; bfloat16/bool travel bit-exactly as 16/8-bit words).
+void broadcast_coalesced(const ProcessGroup& group, const std::vector<torch::Tensor>& tensors, int64_t chunk_bytes,
+                         int src = 0);
+
+}  // namespace ampp::dist

@@ -1,0 +1,430 @@
+// DDP's reducer. Per iteration:
+//  forward:  pre_forward() checks that the previous backward reduced everything, re-broadcasts
+//            buffers; post_forward() arms the hooks (and finds unused parameters if asked).
+//  backward: a post hook on each parameter's AccumulateGrad node copies the fresh .grad into its
+//            bucket slot; when a bucket is complete its allreduce starts at once (in bucket order),
+//            overlapping the rest of backward. After the last bucket, a callback queued on the
+//            autograd engine waits for all of them when the graph finishes and writes the averaged
+//            gradients back, so the optimizer sees them as soon as backward() returns.
+#include <ampp/dist/reducer.h>
+
+#include <ampp/dist/log.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/torch.h>
+
+namespace ampp::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
+constexpr int64_t kBroadcastChunkBytes = 250LL << 20;  // PyTorch's broadcast_bucket_size
+
+struct Bucket {
+  std::vector<size_t> vars;
+  std::vector<size_t> offsets, lengths;
+  torch::Tensor contents;
+  std::vector<torch::Tensor> views;
+  size_t pending = 0;
+  FuturePtr future;
+};
+
+uint64_t shape_hash(const std::vector<torch::Tensor>& params) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over dtype and sizes
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
+  for (const auto& p : params) {
+    mix(static_cast<uint64_t>(p.scalar_type()));
+    mix(static_cast<uint64_t>(p.dim()));
+    for (auto s : p.sizes()) mix(static_cast<uint64_t>(s));
+  }
+  return h;
+}
+
+// All ranks must wrap the same model (PyTorch's _verify_param_shape_across_processes).
+void verify_same_model(const ProcessGroup& group, const std::vector<torch::Tensor>& params) {
+  auto mine = torch::tensor({static_cast<int64_t>(params.size()), static_cast<int64_t>(shape_hash(params))},
+                            torch::kLong);
+  std::vector<torch::Tensor> in{mine};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int r = 0; r < group.size(); ++r) out[0].push_back(torch::empty_like(mine));
+  group.c10d()->allgather(out, in)->wait();
+  const auto ref = out[0][0];
+  for (int r = 1; r < group.size(); ++r) {
+    const auto other = out[0][r];
+    TORCH_CHECK(other[0].item<int64_t>() == ref[0].item<int64_t>(), "DDP expects same model across all ranks, but Rank ",
+                r, " has ", other[0].item<int64_t>(), " params, while rank 0 has inconsistent ", ref[0].item<int64_t>(),
+                " params. Build the same model (same parameters requiring grad) on every rank.");
+    TORCH_CHECK(other[1].item<int64_t>() == ref[1].item<int64_t>(), "DDP expects same model across all ranks, but the "
+                "parameter shapes or dtypes of rank ", r, " do not match those of rank 0. Build the same model "
+                "(same sizes, same dtype, e.g. cast before wrapping) on every rank.");
+  }
+}
+
+}  // namespace
+
+struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
+  ProcessGroup group;
+  DistributedDataParallelOptions options;
+  std::shared_ptr<torch::nn::Module> module;
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> buffers;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::unordered_map<const torch::autograd::Node*, size_t> accumulator_index;
+  std::vector<std::vector<size_t>> bucket_indices;
+  std::vector<Bucket> buckets;
+  std::vector<std::pair<size_t, size_t>> locator;  // param -> (bucket, slot)
+  CommHook hook;
+
+  bool require_backward_grad_sync = true;
+  bool require_forward_param_sync = true;
+  // Per iteration.
+  bool expect_hooks = false;
+  bool require_finalize = false;
+  bool first_hook_seen = false;
+  size_t next_bucket = 0;
+  std::vector<char> ready;
+  std::vector<size_t> unused;       // locally unused (find_unused_parameters)
+  torch::Tensor local_used;         // int32 per param, allreduced to learn global use
+  FuturePtr used_future;
+
+  mutable std::mutex timeline_mu;
+  IterationTimeline timeline, last_timeline;
+
+  void build_buckets() {
+    const auto cap = static_cast<int64_t>(options.bucket_cap_mb() * 1024.0 * 1024.0);
+    // Reverse registration order approximates the order gradients become ready in backward, so
+    // buckets complete (and start communicating) one after another while backward still runs.
+    std::vector<size_t> order(params.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+    bucket_indices = compute_bucket_assignment_by_size(params, {options.first_bucket_bytes(), cap}, order);
+    buckets.clear();
+    locator.assign(params.size(), {0, 0});
+    for (size_t b = 0; b < bucket_indices.size(); ++b) {
+      Bucket bucket;
+      bucket.vars = bucket_indices[b];
+      size_t total = 0;
+      for (size_t v : bucket.vars) {
+        bucket.offsets.push_back(total);
+        bucket.lengths.push_back(static_cast<size_t>(params[v].numel()));
+        total += static_cast<size_t>(params[v].numel());
+      }
+      const auto& first = params[bucket.vars.front()];
+      bucket.contents = torch::empty({static_cast<int64_t>(total)}, first.options().requires_grad(false));
+      for (size_t k = 0; k < bucket.vars.size(); ++k) {
+        bucket.views.push_back(bucket.contents.narrow(0, static_cast<int64_t>(bucket.offsets[k]),
+                                                      static_cast<int64_t>(bucket.lengths[k]))
+                                   .view(params[bucket.vars[k]].sizes()));
+        locator[bucket.vars[k]] = {b, k};
+      }
+      buckets.push_back(std::move(bucket));
+    }
+  }
+
+  void install_hooks() {
+    std::weak_ptr<Impl> weak = shared_from_this();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(params[i]);
+      TORCH_CHECK(acc, "ampp::dist::DistributedDataParallel: parameter ", names[i],
+                  " has no gradient accumulator (is it a leaf that requires grad?).");
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            if (auto self = weak.lock()) self->autograd_hook(i);
+            return outputs;
+          }));
+      accumulator_index[acc.get()] = i;
+      accumulators.push_back(std::move(acc));
+    }
+  }
+
+  std::string unreduced_report() const {
+    std::vector<size_t> idx;
+    std::vector<std::string> nm;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!ready.empty() && !ready[i]) {
+        idx.push_back(i);
+        nm.push_back(names[i]);
+      }
+    return fmt::format("\nParameter indices which did not receive grad for rank {}: {}\nParameters which did not "
+                       "receive grad for rank {}: {}",
+                       group.rank(), fmt::join(idx, " "), group.rank(), fmt::join(nm, ", "));
+  }
+
+  void ensure_prior_reduction_finished() {
+    if (!require_finalize) return;
+    if (options.find_unused_parameters()) {
+      TORCH_CHECK(false, "Expected to have finished reduction in the prior iteration before starting a new one. "
+                  "Since `find_unused_parameters=True` is enabled, this likely means that not all `forward` outputs "
+                  "participate in computing loss. You can fix this by making sure all `forward` function outputs "
+                  "participate in calculating loss (and that backward() ran after each grad-enabled forward).",
+                  unreduced_report());
+    }
+    TORCH_CHECK(false, "Expected to have finished reduction in the prior iteration before starting a new one. This "
+                "error indicates that your module has parameters that were not used in producing loss. You can "
+                "enable unused parameter detection by passing DistributedDataParallelOptions()"
+                ".find_unused_parameters(true) to ampp::dist::DistributedDataParallel, and by making sure all "
+                "`forward` function outputs participate in calculating loss (and that backward() ran after each "
+                "grad-enabled forward; evaluate under torch::NoGradGuard).",
+                unreduced_report());
+  }
+
+  void prepare_for_backward(const std::vector<torch::Tensor>& outputs) {
+    expect_hooks = true;
+    require_finalize = true;
+    first_hook_seen = false;
+    next_bucket = 0;
+    ready.assign(params.size(), 0);
+    for (auto& b : buckets) {
+      b.pending = b.vars.size();
+      b.future.reset();
+    }
+    {
+      std::lock_guard<std::mutex> lock(timeline_mu);
+      timeline = IterationTimeline{};
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        BucketTimeline t;
+        t.index = b;
+        t.num_params = buckets[b].vars.size();
+        t.bytes = buckets[b].contents.numel() * buckets[b].contents.element_size();
+        timeline.buckets.push_back(t);
+      }
+    }
+    unused.clear();
+    if (!options.find_unused_parameters()) return;
+    local_used = torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt);
+    if (outputs.empty()) {
+      log_warning("DistributedDataParallel: forward returned no tensors DDP can see, so unused-parameter "
+                  "detection is skipped this iteration (every parameter is expected to get a gradient).");
+      return;
+    }
+    // Walk the autograd graph from the outputs; parameters whose accumulator is not reached are unused.
+    std::unordered_set<const torch::autograd::Node*> seen;
+    std::vector<torch::autograd::Node*> stack;
+    for (const auto& o : outputs) {
+      if (!o.defined() || !o.requires_grad()) continue;
+      auto fn = o.grad_fn() ? o.grad_fn() : torch::autograd::impl::try_get_grad_accumulator(o);
+      if (fn && seen.insert(fn.get()).second) stack.push_back(fn.get());
+    }
+    while (!stack.empty()) {
+      auto* node = stack.back();
+      stack.pop_back();
+      for (const auto& edge : node->next_edges())
+        if (edge.function && seen.insert(edge.function.get()).second) stack.push_back(edge.function.get());
+    }
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!seen.count(accumulators[i].get())) unused.push_back(i);
+  }
+
+  void autograd_hook(size_t i) {
+    if (!expect_hooks) return;  // no_sync() or no grad-enabled forward: plain local accumulation
+    const auto now = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(timeline_mu);
+      if (!first_hook_seen) timeline.first_hook = now;
+      timeline.last_hook = now;
+    }
+    if (options.find_unused_parameters()) local_used[static_cast<int64_t>(i)] = 1;
+    if (!first_hook_seen) {
+      first_hook_seen = true;
+      for (size_t u : unused) mark_variable_ready(u);  // contribute zeros for locally unused params
+    }
+    mark_variable_ready(i);
+  }
+
+  void mark_variable_ready(size_t i) {
+    if (ready[i]) {
+      TORCH_CHECK(false, "Expected to mark a variable ready only once. This error is caused by one of the following "
+                  "reasons: 1) Use of a module parameter outside the `forward` function, or in several concurrent "
+                  "forward-backward passes. 2) Reused parameters in multiple reentrant backward passes (or backward "
+                  "run twice on one forward).",
+                  options.find_unused_parameters()
+                      ? " 3) Incorrect unused parameter detection: the parameter was not reachable from forward's "
+                        "outputs but still received a gradient."
+                      : "",
+                  " Parameter at index ", i, " with name ", names[i], " has been marked as ready twice. This means "
+                  "that multiple autograd engine hooks have fired for this particular parameter during this iteration.");
+    }
+    ready[i] = 1;
+    const auto [b, slot] = locator[i];
+    Bucket& bucket = buckets[b];
+    auto& view = bucket.views[slot];
+    const auto& grad = params[i].grad();
+    torch::NoGradGuard no_grad;
+    if (grad.defined()) {
+      TORCH_CHECK(grad.scalar_type() == view.scalar_type() && grad.device() == view.device(), "Expected ",
+                  view.toString(), " gradient for parameter ", names[i], ", got ", grad.toString(),
+                  ". DDP buckets keep each parameter's dtype/device; keep .grad in the parameter's dtype.");
+      if (hook) {
+        view.copy_(grad);
+      } else {
+        // Default path: copy and pre-divide by the world size, then allreduce SUM (as PyTorch).
+        torch::mul_out(view, grad, torch::scalar_tensor(1.0 / group.size(), grad.options()));
+      }
+    } else {
+      view.zero_();
+    }
+    if (--bucket.pending == 0) mark_bucket_ready();
+  }
+
+  void mark_bucket_ready() {
+    // Launch strictly in bucket order: every rank must issue the collectives in the same order.
+    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) launch(next_bucket++);
+    if (next_bucket < buckets.size()) return;
+    if (options.find_unused_parameters()) used_future = allreduce_sum_async(group, local_used);
+    std::weak_ptr<Impl> weak = shared_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto self = weak.lock()) self->finalize_backward();
+    });
+  }
+
+  void launch(size_t b) {
+    Bucket& bucket = buckets[b];
+    {
+      std::lock_guard<std::mutex> lock(timeline_mu);
+      timeline.buckets[b].launched = Clock::now();
+    }
+    std::vector<torch::Tensor> bucket_params;
+    for (size_t v : bucket.vars) bucket_params.push_back(params[v]);
+    GradBucket grad_bucket(b, buckets.size(), bucket.contents, bucket.offsets, bucket.lengths, bucket_params);
+    bucket.future = hook ? hook(grad_bucket) : allreduce_sum_async(group, bucket.contents);
+    TORCH_CHECK(bucket.future, "ampp::dist: the comm hook returned a null future for bucket ", b, ".");
+    std::weak_ptr<Impl> weak = shared_from_this();
+    bucket.future->addCallback([weak, b](c10::ivalue::Future&) {
+      if (auto self = weak.lock()) {
+        std::lock_guard<std::mutex> lock(self->timeline_mu);
+        if (b < self->timeline.buckets.size()) self->timeline.buckets[b].completed = Clock::now();
+      }
+    });
+  }
+
+  void finalize_backward() {
+    torch::NoGradGuard no_grad;
+    {
+      std::lock_guard<std::mutex> lock(timeline_mu);
+      timeline.finalize_begin = Clock::now();
+    }
+    // Whatever happens below, this iteration is over (an error propagates out of backward()).
+    expect_hooks = false;
+    require_finalize = false;
+    torch::Tensor global_used;
+    if (options.find_unused_parameters()) {
+      used_future->waitAndThrow();
+      global_used = local_used;
+    }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      Bucket& bucket = buckets[b];
+      bucket.future->waitAndThrow();
+      const auto result = bucket.future->value().toTensor();
+      TORCH_CHECK(result.numel() == bucket.contents.numel(), "ampp::dist: the comm hook for bucket ", b,
+                  " returned a tensor of ", result.numel(), " elements; it must return the bucket's ",
+                  bucket.contents.numel(), " (same size as bucket.buffer()).");
+      for (size_t k = 0; k < bucket.vars.size(); ++k) {
+        const size_t v = bucket.vars[k];
+        // A parameter no rank used keeps its .grad untouched (not zeroed, not created).
+        if (global_used.defined() && global_used[static_cast<int64_t>(v)].item<int>() == 0) continue;
+        auto reduced = result.narrow(0, static_cast<int64_t>(bucket.offsets[k]), static_cast<int64_t>(bucket.lengths[k]))
+                           .view(params[v].sizes());
+        auto& grad = params[v].mutable_grad();
+        if (grad.defined())
+          grad.copy_(reduced);
+        else
+          grad = reduced.to(params[v].scalar_type()).clone();
+      }
+    }
+    std::lock_guard<std::mutex> lock(timeline_mu);
+    timeline.finalize_end = Clock::now();
+    last_timeline = timeline;
+  }
+};
+
+Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, ProcessGroup group, DistributedDataParallelOptions options)
+    : impl_(std::make_shared<Impl>()) {
+  TORCH_CHECK(module, "ampp::dist::DistributedDataParallel: the module is null.");
+  TORCH_CHECK(group, "ampp::dist::DistributedDataParallel: the process group is empty; call init_process_group().");
+  TORCH_CHECK(options.bucket_cap_mb() > 0, "ampp::dist::DistributedDataParallel: bucket_cap_mb must be > 0 (got ",
+              options.bucket_cap_mb(), "); the default is 25.");
+  TORCH_CHECK(options.first_bucket_bytes() > 0, "ampp::dist::DistributedDataParallel: first_bucket_bytes must be > 0.");
+  auto& s = *impl_;
+  s.group = std::move(group);
+  s.options = options;
+  s.module = std::move(module);
+  // Registration order, shared parameters once (first occurrence), only those requiring grad.
+  std::unordered_set<const void*> seen;
+  for (const auto& item : s.module->named_parameters(/*recurse=*/true)) {
+    const auto& p = item.value();
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    TORCH_CHECK(!p.is_sparse(), "ampp::dist::DistributedDataParallel does not support sparse parameters (", item.key(), ").");
+    s.params.push_back(p);
+    s.names.push_back(item.key());
+  }
+  TORCH_CHECK(!s.params.empty(), "DistributedDataParallel is not needed when a module doesn't have any parameter that "
+              "requires a gradient.");
+  const auto device_type = s.params.front().device().type();
+  for (size_t i = 0; i < s.params.size(); ++i)
+    TORCH_CHECK(s.params[i].device().type() == device_type, "DistributedDataParallel's input module must be on the "
+                "same type of devices, but parameter ", s.names[i], " is on ", s.params[i].device(), " and ",
+                s.names[0], " on ", s.params[0].device(), ". Move the whole module with ->to(device) first.");
+  for (const auto& b : s.module->buffers(/*recurse=*/true)) s.buffers.push_back(b);
+
+  verify_same_model(s.group, s.params);
+  // Every rank starts from rank 0's parameters and buffers.
+  std::vector<torch::Tensor> state;
+  for (const auto& item : s.module->named_parameters(true)) state.push_back(item.value());
+  state.insert(state.end(), s.buffers.begin(), s.buffers.end());
+  broadcast_coalesced(s.group, state, kBroadcastChunkBytes, 0);
+
+  s.build_buckets();
+  s.install_hooks();
+  log_info("DistributedDataParallel: {} parameters in {} buckets (cap {} MiB, first {} bytes), world size {}",
+           s.params.size(), s.buckets.size(), options.bucket_cap_mb(), options.first_bucket_bytes(), s.group.size());
+}
+
+Reducer::~Reducer() = default;
+
+void Reducer::pre_forward() {
+  auto& s = *impl_;
+  if (torch::GradMode::is_enabled() && s.require_backward_grad_sync) s.ensure_prior_reduction_finished();
+  if (s.options.broadcast_buffers() && s.require_forward_param_sync && !s.buffers.empty())
+    broadcast_coalesced(s.group, s.buffers, kBroadcastChunkBytes, 0);
+}
+
+void Reducer::post_forward(const std::vector<torch::Tensor>& outputs) {
+  auto& s = *impl_;
+  if (torch::GradMode::is_enabled() && s.require_backward_grad_sync) {
+    s.require_forward_param_sync = true;
+    s.prepare_for_backward(outputs);
+  } else {
+    // no_sync() or no-grad forward: backward (if any) accumulates locally; buffers are not
+    // re-broadcast before the next forward (as PyTorch).
+    s.require_forward_param_sync = false;
+    s.expect_hooks = false;
+  }
+}
+
+void Reducer::set_require_backward_grad_sync(bool on) { impl_->require_backward_grad_sync = on; }
+bool Reducer::require_backward_grad_sync() const { return impl_->require_backward_grad_sync; }
+
+void Reducer::register_comm_hook(CommHook hook) {
+  TORCH_CHECK(!impl_->hook, "register_comm_hook or register_builtin_comm_hook can only be called once.");
+  TORCH_CHECK(hook, "ampp::dist: register_comm_hook got an empty hook.");
+  impl_->hook = std::move(hook);
+}
+
+const std::vector<std::vector<size_t>>& Reducer::bucket_indices() const { return impl_->bucket_indices; }
+const std::vector<torch::Tensor>& Reducer::parameters() const { return impl_->params; }
+const std::vector<std::string>& Reducer::parameter_names() const { return impl_->names; }
+const ProcessGroup& Reducer::process_group() const { return impl_->group; }
+IterationTimeline Reducer::last_timeline() const {
+  std::lock_guard<std::mutex> lock(impl_->timeline_mu);
+  return impl_->last_timeline;
+}
+
+}  // namespace ampp::dist

@@ -1,0 +1,122 @@
+#pragma once
+// Run a test body in several forked ranks (fork before any torch thread pool exists in the child's
+// parent: the parent only forks and waits). Each child reports gtest failures through its exit
+// code; a child that does not finish within the deadline is killed and reported.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <ampp/dist/process_group.h>
+
+namespace ampp::dist::testing {
+
+// A port the kernel just handed out on 127.0.0.1 (closed again; tiny race, fine for tests).
+inline int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct RankResult {
+  int exit_code = -1;
+  int signal = 0;
+  bool timed_out = false;
+};
+
+// Forks `world` children running body(rank); returns how each ended.
+inline std::vector<RankResult> run_ranks(int world, const std::function<void(int rank)>& body,
+                                         std::chrono::seconds deadline = std::chrono::seconds(30)) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      at::set_num_threads(1);
+      int code = 0;
+      try {
+        body(rank);
+        code = ::testing::Test::HasFailure() ? 1 : 0;
+      } catch (const c10::Error& e) {
+        std::fprintf(stderr, "[rank %d] uncaught c10::Error: %s\n", rank, e.what_without_backtrace());
+        code = 2;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[rank %d] uncaught exception: %s\n", rank, e.what());
+        code = 2;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<RankResult> results(world);
+  std::vector<bool> done(world, false);
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  for (int remaining = world; remaining > 0;) {
+    for (int r = 0; r < world; ++r) {
+      if (done[r]) continue;
+      int status = 0;
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --remaining;
+        if (WIFEXITED(status)) results[r].exit_code = WEXITSTATUS(status);
+        if (WIFSIGNALED(status)) results[r].signal = WTERMSIG(status);
+      }
+    }
+    if (remaining > 0 && std::chrono::steady_clock::now() > end) {
+      for (int r = 0; r < world; ++r)
+        if (!done[r]) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], nullptr, 0);
+          results[r].timed_out = true;
+          done[r] = true;
+        }
+      break;
+    }
+    if (remaining > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return results;
+}
+
+// Asserts that every rank exited 0.
+inline void expect_all_ok(const std::vector<RankResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].timed_out) << "rank " << r << " hung and was killed";
+    EXPECT_EQ(results[r].signal, 0) << "rank " << r << " died from signal " << results[r].signal;
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " failed (see its output above)";
+  }
+}
+
+inline ProcessGroup init_tcp(int rank, int world, int port,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  return init_process_group(InitOptions()
+                                .init_method("tcp://127.0.0.1:" + std::to_string(port))
+                                .rank(rank)
+                                .world_size(world)
+                                .timeout(timeout));
+}
+
+}  // namespace ampp::dist::testing
