@@ -60,8 +60,8 @@ std::string read_available(int fd) {
 
 // Runs in the child after fork(); never returns.
 [[noreturn]] void run_child(const std::function<void(int)>& fn, int local_rank, int nprocs,
-                            const std::string& addr, int port, int threads, bool clamp_threads,
-                            int error_fd) {
+                            const std::string& addr, int port, int threads,
+                            int parent_threads_if_clamped, int error_fd) {
   const std::string n = std::to_string(nprocs), r = std::to_string(local_rank);
   ::setenv("RANK", r.c_str(), 1);
   ::setenv("LOCAL_RANK", r.c_str(), 1);
@@ -72,12 +72,12 @@ std::string read_available(int fd) {
   const std::string t = std::to_string(threads);
   ::setenv("OMP_NUM_THREADS", t.c_str(), 1);
   ::setenv("OPENBLAS_NUM_THREADS", t.c_str(), 1);
-  if (clamp_threads && local_rank == 0) {
+  if (parent_threads_if_clamped > 0 && local_rank == 0) {
     std::cerr << fmt::format(
         "ampp::dist::spawn: the parent already runs {} threads (LibTorch's OpenMP pool is not "
         "fork-safe), so each child uses 1 intra-op thread; call spawn before any LibTorch "
         "computation to give children more\n",
-        detail::thread_count());
+        parent_threads_if_clamped);
   }
   at::set_num_threads(threads);
 
@@ -86,7 +86,7 @@ std::string read_available(int fd) {
   try {
     fn(local_rank);
   } catch (const c10::Error& e) {
-    error = "c10::Error: " + e.what_without_backtrace();
+    error = std::string("c10::Error: ") + e.what_without_backtrace();
   } catch (const std::exception& e) {
     error = c10::demangle(typeid(e).name()) + ": " + e.what();
   } catch (...) {
@@ -131,7 +131,8 @@ void spawn_local_ranks(const std::function<void(int)>& fn, int nprocs, const Spa
   }
   // See spawn.h: a child of a process with a running OpenMP pool hangs in parallel regions with
   // more than one thread; other threads (ours or the user's) are a sign that the pool may exist.
-  const bool clamp_threads = detail::thread_count() > 1 && threads > 1;
+  const int parent_threads = detail::thread_count();
+  const bool clamp_threads = parent_threads > 1 && threads > 1;
   if (clamp_threads) threads = 1;
 
   // Anything still buffered would be printed once by every child as well.
@@ -166,7 +167,7 @@ void spawn_local_ranks(const std::function<void(int)>& fn, int nprocs, const Spa
         if (fd >= 0) ::close(fd);
       }
       detail::become_worker_process(parent, SIGKILL);
-      run_child(fn, i, nprocs, addr, port, threads, clamp_threads, fds[1]);
+      run_child(fn, i, nprocs, addr, port, threads, clamp_threads ? parent_threads : 0, fds[1]);
     }
     ::close(fds[1]);
     if (pid < 0) {
