@@ -1,0 +1,29 @@
+#pragma once
+// The models `ampp train` can build by name: `mlp`, `cnn` (with BatchNorm, so O2's
+// keep_batchnorm_fp32 matters) and a small `resnet` for 28x28 inputs.
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace ampp::train {
+
+// Common base so the trainer (and DDP) can hold any of them through one type.
+struct ClassifierImpl : torch::nn::Module {
+  virtual torch::Tensor forward(torch::Tensor x) = 0;
+};
+
+struct ModelOptions {
+  TORCH_ARG(int64_t, in_channels) = 1;
+  TORCH_ARG(int64_t, height) = 28;
+  TORCH_ARG(int64_t, width) = 28;
+  TORCH_ARG(int64_t, num_classes) = 10;
+};
+
+// Builds a freshly initialised model (parameters drawn from the global RNG, so seed it
+// first). Throws c10::Error listing the known names for an unknown one.
+std::shared_ptr<ClassifierImpl> make_model(const std::string& name, const ModelOptions& options = {});
+
+const std::vector<std::string>& model_names();
+
+}  // namespace ampp::train

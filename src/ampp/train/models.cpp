@@ -1,0 +1,109 @@
+#include "ampp/train/models.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace ampp::train {
+namespace {
+namespace nn = torch::nn;
+
+// 784-256-128-10 with ReLU: the cheapest baseline (~0.24 MFLOP per image).
+struct MlpImpl : ClassifierImpl {
+  explicit MlpImpl(const ModelOptions& o) {
+    fc1 = register_module("fc1", nn::Linear(o.in_channels() * o.height() * o.width(), 256));
+    fc2 = register_module("fc2", nn::Linear(256, 128));
+    fc3 = register_module("fc3", nn::Linear(128, o.num_classes()));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(fc1->forward(x.flatten(1)));
+    x = torch::relu(fc2->forward(x));
+    return fc3->forward(x);
+  }
+  nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+// conv3x3(16)-BN-ReLU-pool, conv3x3(32)-BN-ReLU-pool, fc128, fc10. Small enough for a
+// 2-core CPU (~2.4 MFLOP per image forward), BatchNorm for the O2 keep_batchnorm_fp32 case.
+struct CnnImpl : ClassifierImpl {
+  explicit CnnImpl(const ModelOptions& o) {
+    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(o.in_channels(), 16, 3).padding(1).bias(false)));
+    bn1 = register_module("bn1", nn::BatchNorm2d(16));
+    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)));
+    bn2 = register_module("bn2", nn::BatchNorm2d(32));
+    fc1 = register_module("fc1", nn::Linear(32 * (o.height() / 4) * (o.width() / 4), 128));
+    fc2 = register_module("fc2", nn::Linear(128, o.num_classes()));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::max_pool2d(torch::relu(bn1->forward(conv1->forward(x))), 2);
+    x = torch::max_pool2d(torch::relu(bn2->forward(conv2->forward(x))), 2);
+    x = torch::relu(fc1->forward(x.flatten(1)));
+    return fc2->forward(x);
+  }
+  nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// He et al.'s basic block: two 3x3 conv-BN, identity or 1x1-conv shortcut.
+struct BasicBlockImpl : nn::Module {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
+    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+    bn1 = register_module("bn1", nn::BatchNorm2d(out));
+    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    bn2 = register_module("bn2", nn::BatchNorm2d(out));
+    if (stride != 1 || in != out) {
+      shortcut = register_module(
+          "shortcut", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                                     nn::BatchNorm2d(out)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto y = torch::relu(bn1->forward(conv1->forward(x)));
+    y = bn2->forward(conv2->forward(y));
+    return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
+  }
+  nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  nn::Sequential shortcut{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+// A small ResNet for 28x28: stem conv(16), stages of one block each at 16/32/64 channels
+// (28 -> 14 -> 7), global average pool, fc.
+struct ResNetImpl : ClassifierImpl {
+  explicit ResNetImpl(const ModelOptions& o) {
+    stem = register_module("stem", nn::Conv2d(nn::Conv2dOptions(o.in_channels(), 16, 3).padding(1).bias(false)));
+    bn = register_module("bn", nn::BatchNorm2d(16));
+    layer1 = register_module("layer1", BasicBlock(16, 16, 1));
+    layer2 = register_module("layer2", BasicBlock(16, 32, 2));
+    layer3 = register_module("layer3", BasicBlock(32, 64, 2));
+    fc = register_module("fc", nn::Linear(64, o.num_classes()));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(bn->forward(stem->forward(x)));
+    x = layer3->forward(layer2->forward(layer1->forward(x)));
+    return fc->forward(x.mean({2, 3}));
+  }
+  nn::Conv2d stem{nullptr};
+  nn::BatchNorm2d bn{nullptr};
+  BasicBlock layer1{nullptr}, layer2{nullptr}, layer3{nullptr};
+  nn::Linear fc{nullptr};
+};
+
+}  // namespace
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names{"mlp", "cnn", "resnet"};
+  return names;
+}
+
+std::shared_ptr<ClassifierImpl> make_model(const std::string& name, const ModelOptions& o) {
+  TORCH_CHECK(o.in_channels() > 0 && o.height() >= 4 && o.width() >= 4 && o.num_classes() >= 2,
+              "model options need positive channels, images of at least 4x4 and at least 2 classes");
+  if (name == "mlp") return std::make_shared<MlpImpl>(o);
+  if (name == "cnn") return std::make_shared<CnnImpl>(o);
+  if (name == "resnet") return std::make_shared<ResNetImpl>(o);
+  TORCH_CHECK(false, "unknown model '", name, "'; choose one of: ", fmt::format("{}", fmt::join(model_names(), ", ")));
+}
+
+}  // namespace ampp::train

@@ -1,0 +1,117 @@
+// Checkpoint container: round trip, atomic replacement, truncation/corruption detection.
+#include <ampp/train/checkpoint.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "train/test_util.h"
+
+namespace fs = std::filesystem;
+using namespace ampp::train;
+
+namespace {
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
+}  // namespace
+
+TEST(Checkpoint, ArchiveRoundTripIsExact) {
+  TempDir tmp;
+  const auto path = (tmp.path() / "sub" / "ckpt").string();  // folder created on demand
+  auto w = torch::randn({5, 7});
+  torch::serialize::OutputArchive out;
+  out.write("w", w);
+  out.write("step", c10::IValue(int64_t{42}));
+  save_checkpoint(out, path);
+
+  torch::serialize::InputArchive in;
+  load_checkpoint(in, path);
+  torch::Tensor w2;
+  in.read("w", w2);
+  c10::IValue step;
+  in.read("step", step);
+  EXPECT_TRUE(torch::equal(w, w2));
+  EXPECT_EQ(step.toInt(), 42);
+  // Header fields as documented.
+  const std::string file = slurp(path);
+  EXPECT_EQ(file.substr(0, 8), "AMPPCKPT");
+  EXPECT_EQ(static_cast<unsigned char>(file[8]), kCheckpointVersion);
+  EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));  // no temp file left
+}
+
+TEST(Checkpoint, TruncationAtEveryRegionIsAClearError) {
+  TempDir tmp;
+  const auto path = tmp.path() / "c";
+  write_checkpoint_bytes(path.string(), std::string(1000, 'x'));
+  const std::string good = slurp(path);
+  for (size_t keep : {size_t{0}, size_t{5}, size_t{20}, size_t{32}, size_t{500}, good.size() - 1}) {
+    spit(path, good.substr(0, keep));
+    EXPECT_THROW_MSG(read_checkpoint_bytes(path.string()), keep < 8 ? "not an ampp checkpoint" : "truncated");
+  }
+}
+
+TEST(Checkpoint, FlippedBitsAreDetected) {
+  TempDir tmp;
+  const auto path = tmp.path() / "c";
+  write_checkpoint_bytes(path.string(), std::string(1000, 'x'));
+  const std::string good = slurp(path);
+  for (size_t at : {size_t{17}, size_t{25}, size_t{40}, good.size() - 1}) {
+    std::string bad = good;
+    bad[at] ^= 0x10;
+    spit(path, bad);
+    EXPECT_THROW_MSG(read_checkpoint_bytes(path.string()), "corrupted");
+  }
+  spit(path, good + "junk");
+  EXPECT_THROW_MSG(read_checkpoint_bytes(path.string()), "unexpected bytes");
+  spit(path, "PK\x03\x04 this is a zip file, not ours");
+  EXPECT_THROW_MSG(read_checkpoint_bytes(path.string()), "not an ampp checkpoint");
+  EXPECT_THROW_MSG(read_checkpoint_bytes((tmp.path() / "missing").string()), "does not exist");
+}
+
+TEST(Checkpoint, ValidContainerWithGarbagePayloadIsAClearError) {
+  TempDir tmp;
+  const auto path = (tmp.path() / "c").string();
+  write_checkpoint_bytes(path, "not a torch archive");
+  torch::serialize::InputArchive in;
+  EXPECT_THROW_MSG(load_checkpoint(in, path), "cannot read the archive");
+}
+
+TEST(Checkpoint, ProcessKilledDuringSaveLeavesThePreviousCheckpointLoadable) {
+  TempDir tmp;
+  const auto path = (tmp.path() / "ckpt").string();
+  const std::string previous(4096, 'p');
+  write_checkpoint_bytes(path, previous);
+  const std::string big(512u << 20, 'n');  // 512 MiB: the save takes long enough to be interrupted
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    write_checkpoint_bytes(path, big);
+    _exit(0);
+  }
+  // Kill once the temporary file exists and is partly written.
+  const fs::path tmpfile = path + ".tmp." + std::to_string(child);
+  for (int i = 0; i < 2000 && !(fs::exists(tmpfile) && fs::file_size(tmpfile) > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child finished its save before it could be killed";
+  EXPECT_EQ(read_checkpoint_bytes(path), previous);
+}
+
+TEST(Checkpoint, RngStateRoundTrip) {
+  torch::manual_seed(5);
+  auto state = get_rng_state();
+  auto a = torch::rand({4});
+  set_rng_state(state);
+  auto b = torch::rand({4});
+  EXPECT_TRUE(torch::equal(a, b));
+}
