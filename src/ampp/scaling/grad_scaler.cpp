@@ -205,7 +205,7 @@ void GradScaler::update() {
     for (auto& [dev, f] : st.found_inf_per_device) found_infs.push_back(f.to(scale_.device()));
   }
   TORCH_CHECK(!found_infs.empty(),
-              "No inf checks were recorded prior to update(). Call step(optimizer) (or unscale_(optimizer)) "
+              "No inf checks were recorded prior to update. Call step(optimizer) (or unscale_(optimizer)) "
               "for at least one optimizer whose parameters have gradients before update().");
   // Reset now: whatever happens below (including the min-scale error), the next iteration starts clean.
   per_optimizer_states_.clear();
