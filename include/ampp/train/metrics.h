@@ -1,0 +1,106 @@
+#pragma once
+// What `ampp train` reports: metrics.jsonl (one JSON object per logged step and per epoch),
+// a per-epoch progress bar on rank 0, the final summary table and gnuplot PNGs.
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace ampp::train {
+
+struct StepRecord {
+  int64_t epoch = 0;
+  int64_t step = 0;          // optimizer iterations since the start of training (1-based)
+  double loss = 0;           // this rank's batch loss (unscaled)
+  double loss_scale = 1;     // scale after this step's update (1 when no scaler)
+  bool skipped = false;      // the optimizer step was skipped (inf/NaN gradients)
+  int64_t skipped_total = 0;
+  double lr = 0;
+  double images_per_sec = 0; // global images per second over the last logging interval
+  double elapsed = 0;        // seconds since training started
+};
+
+struct EpochRecord {
+  int64_t epoch = 0;
+  int64_t steps = 0;
+  double train_loss = 0;
+  double train_accuracy = 0;  // percent
+  double test_loss = 0;
+  double test_accuracy = 0;   // percent
+  double seconds = 0;
+  double images_per_sec = 0;
+  int64_t skipped_total = 0;
+  double loss_scale = 1;
+  double lr = 0;
+};
+
+nlohmann::json to_json(const StepRecord& r);
+nlohmann::json to_json(const EpochRecord& r);
+
+// Appends one line per record to `path` (flushed per line, so a killed run keeps its log).
+class MetricsWriter {
+ public:
+  // append=false truncates (a fresh run); true continues (a resumed run).
+  MetricsWriter(const std::string& path, bool append);
+  void write(const StepRecord& r) { write_line(to_json(r)); }
+  void write(const EpochRecord& r) { write_line(to_json(r)); }
+  void write_line(const nlohmann::json& j);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// Parses a metrics.jsonl file (throws naming the line on malformed JSON).
+std::vector<nlohmann::json> read_jsonl(const std::string& path);
+
+// One epoch's progress on one line: a redrawn bar on a terminal, plain lines otherwise
+// (every ~10% of the epoch, so logs stay short).
+class ProgressBar {
+ public:
+  ProgressBar(int64_t epoch, int64_t epochs, int64_t total_steps, bool is_tty, std::FILE* out = stdout);
+  // step: 1-based position in the epoch.
+  void update(int64_t step, double images_per_sec, double loss, double loss_scale, int64_t skipped);
+  // Ends the line (a terminal keeps the final bar).
+  void finish(const std::string& tail);
+
+ private:
+  std::string line(int64_t step, double images_per_sec, double loss, double loss_scale, int64_t skipped) const;
+  int64_t epoch_, epochs_, total_;
+  bool tty_;
+  std::FILE* out_;
+  std::chrono::steady_clock::time_point start_;
+  int64_t start_step_ = -1;
+  int64_t last_plain_ = 0;
+  std::chrono::steady_clock::time_point last_draw_{};
+};
+
+// True when `f` is a terminal (isatty).
+bool is_terminal(std::FILE* f);
+
+struct Summary {
+  std::string model, data, precision;
+  int world_size = 1;
+  int64_t epochs = 0, steps = 0, skipped_steps = 0;
+  double test_accuracy = 0, test_loss = 0, train_loss = 0;
+  double seconds = 0, images_per_sec = 0, final_scale = 1, peak_rss_mb = 0;
+};
+
+// The summary as an aligned text table.
+std::string summary_table(const Summary& s);
+nlohmann::json to_json(const Summary& s);
+
+// Peak resident set size of this process in MiB (getrusage).
+double peak_rss_mb();
+
+// Writes loss_accuracy.png, loss_scale.png and throughput.png into `out_dir` from the
+// records in metrics.jsonl (gnuplot, pngcairo or png terminal). Returns the files written;
+// throws with the gnuplot error if gnuplot is missing or fails.
+std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std::string& out_dir);
+
+}  // namespace ampp::train

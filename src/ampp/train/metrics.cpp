@@ -1,0 +1,247 @@
+#include "ampp/train/metrics.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace ampp::train {
+
+nlohmann::json to_json(const StepRecord& r) {
+  return {{"type", "step"},        {"epoch", r.epoch},
+          {"step", r.step},        {"loss", r.loss},
+          {"loss_scale", r.loss_scale}, {"skipped", r.skipped},
+          {"skipped_total", r.skipped_total}, {"lr", r.lr},
+          {"images_per_sec", r.images_per_sec}, {"elapsed", r.elapsed}};
+}
+
+nlohmann::json to_json(const EpochRecord& r) {
+  return {{"type", "epoch"},
+          {"epoch", r.epoch},
+          {"steps", r.steps},
+          {"train_loss", r.train_loss},
+          {"train_accuracy", r.train_accuracy},
+          {"test_loss", r.test_loss},
+          {"test_accuracy", r.test_accuracy},
+          {"seconds", r.seconds},
+          {"images_per_sec", r.images_per_sec},
+          {"skipped_total", r.skipped_total},
+          {"loss_scale", r.loss_scale},
+          {"lr", r.lr}};
+}
+
+nlohmann::json to_json(const Summary& s) {
+  return {{"type", "summary"},        {"model", s.model},
+          {"data", s.data},           {"precision", s.precision},
+          {"world_size", s.world_size}, {"epochs", s.epochs},
+          {"steps", s.steps},         {"skipped_steps", s.skipped_steps},
+          {"test_accuracy", s.test_accuracy}, {"test_loss", s.test_loss},
+          {"train_loss", s.train_loss}, {"seconds", s.seconds},
+          {"images_per_sec", s.images_per_sec}, {"final_loss_scale", s.final_scale},
+          {"peak_rss_mb", s.peak_rss_mb}};
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) fs::create_directories(parent);
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  TORCH_CHECK(out_, "cannot open '", path, "' for writing; check that --out points to a writable folder");
+}
+
+void MetricsWriter::write_line(const nlohmann::json& j) {
+  out_ << j.dump() << '\n';
+  out_.flush();
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  TORCH_CHECK(in, "cannot open '", path, "'");
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    try {
+      lines.push_back(nlohmann::json::parse(line));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, path, ":", n, ": not valid JSON (", e.what(), ")");
+    }
+  }
+  return lines;
+}
+
+bool is_terminal(std::FILE* f) { return ::isatty(::fileno(f)) == 1; }
+
+ProgressBar::ProgressBar(int64_t epoch, int64_t epochs, int64_t total_steps, bool is_tty, std::FILE* out)
+    : epoch_(epoch), epochs_(epochs), total_(std::max<int64_t>(total_steps, 1)), tty_(is_tty), out_(out),
+      start_(std::chrono::steady_clock::now()) {}
+
+namespace {
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60) : fmt::format("{:02}:{:02}", s / 60, s % 60);
+}
+}  // namespace
+
+std::string ProgressBar::line(int64_t step, double ips, double loss, double scale, int64_t skipped) const {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const int64_t done_here = step - std::max<int64_t>(start_step_, 0);
+  const double eta = done_here > 0 ? elapsed / done_here * (total_ - step) : NAN;
+  std::string bar;
+  if (tty_) {
+    constexpr int width = 24;
+    const int filled = static_cast<int>(width * step / total_);
+    bar = "|" + std::string(filled, '#') + std::string(width - filled, '.') + "| ";
+  }
+  return fmt::format("epoch {}/{} {}step {}/{} | {:.0f} img/s | loss {:.4f} | scale {:g} | skipped {} | ETA {}",
+                     epoch_ + 1, epochs_, bar, step, total_, ips, loss, scale, skipped, format_duration(eta));
+}
+
+void ProgressBar::update(int64_t step, double ips, double loss, double scale, int64_t skipped) {
+  if (start_step_ < 0) start_step_ = step - 1;  // a resumed epoch starts mid-way
+  if (tty_) {
+    // Redraw at most ~10 times a second; always draw the last step.
+    const auto now = std::chrono::steady_clock::now();
+    if (step != total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    std::fprintf(out_, "\r\033[K%s", line(step, ips, loss, scale, skipped).c_str());
+  } else {
+    const int64_t every = std::max<int64_t>(total_ / 10, 1);
+    if (step - last_plain_ < every && step != total_) return;
+    last_plain_ = step;
+    std::fprintf(out_, "%s\n", line(step, ips, loss, scale, skipped).c_str());
+  }
+  std::fflush(out_);
+}
+
+void ProgressBar::finish(const std::string& tail) {
+  std::fprintf(out_, tty_ ? "\n%s\n" : "%s\n", tail.c_str());
+  std::fflush(out_);
+}
+
+std::string summary_table(const Summary& s) {
+  std::vector<std::pair<std::string, std::string>> rows{
+      {"model", s.model},
+      {"data", s.data},
+      {"precision", s.precision},
+      {"workers", std::to_string(s.world_size)},
+      {"epochs / steps", fmt::format("{} / {}", s.epochs, s.steps)},
+      {"test accuracy", fmt::format("{:.2f} %", s.test_accuracy)},
+      {"test loss", fmt::format("{:.4f}", s.test_loss)},
+      {"train loss (last epoch)", fmt::format("{:.4f}", s.train_loss)},
+      {"training time", fmt::format("{:.1f} s", s.seconds)},
+      {"throughput", fmt::format("{:.0f} images/s", s.images_per_sec)},
+      {"skipped steps", std::to_string(s.skipped_steps)},
+      {"final loss scale", fmt::format("{:g}", s.final_scale)},
+      {"peak memory (RSS, rank 0)", fmt::format("{:.0f} MiB", s.peak_rss_mb)},
+  };
+  size_t kw = 0, vw = 0;
+  for (const auto& [k, v] : rows) kw = std::max(kw, k.size()), vw = std::max(vw, v.size());
+  const std::string rule = fmt::format("+-{}-+-{}-+\n", std::string(kw, '-'), std::string(vw, '-'));
+  std::string out = rule;
+  for (const auto& [k, v] : rows) out += fmt::format("| {:<{}} | {:<{}} |\n", k, kw, v, vw);
+  return out + rule;
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+namespace {
+
+std::string quoted(const std::string& s) {  // a gnuplot single-quoted string
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string shell_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std::string& out_dir) {
+  // A resumed run may log a step or epoch twice (work redone after the last checkpoint):
+  // keep the last record of each.
+  std::map<int64_t, nlohmann::json> steps, epochs;
+  for (auto& j : read_jsonl(metrics_jsonl)) {
+    const auto type = j.value("type", "");
+    if (type == "step") steps[j["step"].get<int64_t>()] = j;
+    if (type == "epoch") epochs[j["epoch"].get<int64_t>()] = j;
+  }
+  TORCH_CHECK(!steps.empty() || !epochs.empty(), "no step or epoch records in '", metrics_jsonl, "' to plot");
+  const fs::path data = fs::path(out_dir) / "plot_data";
+  fs::create_directories(data);
+  {
+    std::ofstream f(data / "epochs.dat");
+    f << "# epoch train_loss test_loss train_accuracy test_accuracy\n";
+    for (auto& [e, j] : epochs)
+      f << e + 1 << ' ' << j["train_loss"] << ' ' << j["test_loss"] << ' ' << j["train_accuracy"] << ' '
+        << j["test_accuracy"] << '\n';
+  }
+  int64_t n_skipped = 0;
+  {
+    std::ofstream f(data / "steps.dat"), s(data / "skipped.dat");
+    f << "# step loss_scale images_per_sec loss\n";
+    s << "# step loss_scale (after the backoff)\n";
+    for (auto& [step, j] : steps) {
+      f << step << ' ' << j["loss_scale"] << ' ' << j["images_per_sec"] << ' ' << j["loss"] << '\n';
+      if (j.value("skipped", false)) s << step << ' ' << j["loss_scale"] << '\n', ++n_skipped;
+    }
+  }
+  const std::string d = data.string() + "/";
+  const fs::path png_la = fs::path(out_dir) / "loss_accuracy.png";
+  const fs::path png_sc = fs::path(out_dir) / "loss_scale.png";
+  const fs::path png_tp = fs::path(out_dir) / "throughput.png";
+  std::ostringstream gp;
+  gp << "set terminal pngcairo size 1200,500 font 'sans,10'\n"
+     << "set grid\nset key inside box opaque\nset autoscale xfix\n";
+  std::vector<std::string> written;
+  if (!epochs.empty()) {
+    gp << "set output " << quoted(png_la.string()) << "\n"
+       << "set multiplot layout 1,2 title 'ampp train: loss and accuracy by epoch'\n"
+       << "set xlabel 'epoch'\nset ylabel 'cross-entropy loss'\nset xtics 1\nset offsets graph 0.03, graph 0.03, graph 0.1, graph 0.1\nset key top right\n"
+       << "plot " << quoted(d + "epochs.dat") << " using 1:2 with linespoints lw 2 pt 7 title 'train', '' using 1:3 with linespoints lw 2 pt 5 title 'test'\n"
+       << "set ylabel 'accuracy (%)'\nset key bottom right\n"
+       << "plot " << quoted(d + "epochs.dat") << " using 1:4 with linespoints lw 2 pt 7 title 'train', '' using 1:5 with linespoints lw 2 pt 5 title 'test'\n"
+       << "unset multiplot\nset xtics autofreq\nset offsets 0, 0, 0, 0\n";
+    written.push_back(png_la.string());
+  }
+  if (!steps.empty()) {
+    gp << "set output " << quoted(png_sc.string()) << "\n"
+       << "set title 'loss scale over steps (" << n_skipped << " skipped steps marked)'\n"
+       << "set xlabel 'step'\nset ylabel 'loss scale'\nset logscale y 2\nset format y '2^{%L}'\nset key top right\n"
+       << "set offsets 0, 0, graph 0.1, graph 0.1\n"
+       << "plot " << quoted(d + "steps.dat") << " using 1:2 with steps lw 2 title 'loss scale'"
+       << (n_skipped > 0 ? ", " + quoted(d + "skipped.dat") + " using 1:2 with points pt 6 ps 1.5 lc rgb 'red' title 'skipped step (inf/NaN gradients)'" : "")
+       << "\nunset logscale y\nset format y '%g'\nset offsets 0, 0, 0, 0\nset key bottom right\n"
+       << "set output " << quoted(png_tp.string()) << "\n"
+       << "set title 'throughput over steps'\nset ylabel 'images / s (all workers)'\nset yrange [0:*]\n"
+       << "plot " << quoted(d + "steps.dat") << " using 1:3 with lines lw 1.5 title 'images/s'\n";
+    written.push_back(png_sc.string());
+    written.push_back(png_tp.string());
+  }
+  const fs::path script = data / "plots.gp";
+  std::ofstream(script) << gp.str();
+  const fs::path err = data / "gnuplot.err";
+  const int rc = std::system(fmt::format("gnuplot {} 2> {}", shell_quoted(script.string()), shell_quoted(err.string())).c_str());
+  std::ifstream e(err);
+  const std::string err_text((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  TORCH_CHECK(rc == 0, "gnuplot failed (exit status ", rc, ")", rc == 127 * 256 ? ": gnuplot is not installed; `sudo apt install gnuplot-nox`" : "",
+              err_text.empty() ? "" : ": " + err_text, " (script: ", script.string(), ")");
+  return written;
+}
+
+}  // namespace ampp::train

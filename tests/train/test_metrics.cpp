@@ -1,0 +1,106 @@
+// metrics.jsonl records, the progress bar's plain-line mode, the summary table and the plots.
+#include <ampp/train/metrics.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "train/test_util.h"
+
+namespace fs = std::filesystem;
+using namespace ampp::train;
+
+TEST(Metrics, JsonlRecordsRoundTripAndAppend) {
+  TempDir tmp;
+  const auto path = (tmp.path() / "m" / "metrics.jsonl").string();
+  {
+    MetricsWriter w(path, /*append=*/false);
+    StepRecord s;
+    s.step = 3, s.loss = 0.5, s.loss_scale = 32768, s.skipped = true, s.skipped_total = 1;
+    w.write(s);
+  }
+  {
+    MetricsWriter w(path, /*append=*/true);
+    EpochRecord e;
+    e.epoch = 0, e.test_accuracy = 87.5, e.steps = 10;
+    w.write(e);
+  }
+  auto lines = read_jsonl(path);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["type"], "step");
+  EXPECT_EQ(lines[0]["step"], 3);
+  EXPECT_EQ(lines[0]["loss_scale"], 32768.0);
+  EXPECT_EQ(lines[0]["skipped"], true);
+  EXPECT_EQ(lines[1]["type"], "epoch");
+  EXPECT_EQ(lines[1]["test_accuracy"], 87.5);
+  MetricsWriter(path, /*append=*/false);  // a fresh run truncates
+  EXPECT_TRUE(read_jsonl(path).empty());
+}
+
+TEST(Metrics, MalformedJsonlNamesTheLine) {
+  TempDir tmp;
+  const auto path = tmp.path() / "bad.jsonl";
+  std::ofstream(path) << "{\"a\":1}\n{oops\n";
+  EXPECT_THROW_MSG(read_jsonl(path.string()), "bad.jsonl:2");
+}
+
+TEST(Metrics, PlainProgressPrintsAboutTenLinesPerEpoch) {
+  TempDir tmp;
+  const auto path = tmp.path() / "progress.txt";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ProgressBar bar(0, 3, 100, /*is_tty=*/false, f);
+  for (int s = 1; s <= 100; ++s) bar.update(s, 1234.0, 0.25, 65536, 2);
+  bar.finish("done");
+  std::fclose(f);
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 11u);  // steps 10, 20, ..., 100 and the tail
+  EXPECT_NE(lines[0].find("epoch 1/3"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("step 10/100"), std::string::npos);
+  EXPECT_NE(lines[0].find("1234 img/s"), std::string::npos);
+  EXPECT_NE(lines[0].find("scale 65536"), std::string::npos);
+  EXPECT_NE(lines[0].find("skipped 2"), std::string::npos);
+  EXPECT_NE(lines[0].find("ETA"), std::string::npos);
+  EXPECT_EQ(lines[0].find('\r'), std::string::npos);  // no terminal control in plain mode
+  EXPECT_EQ(lines.back(), "done");
+}
+
+TEST(Metrics, SummaryTableHasEveryField) {
+  Summary s;
+  s.test_accuracy = 88.123, s.seconds = 100.5, s.images_per_sec = 2345, s.skipped_steps = 7, s.final_scale = 4096;
+  s.peak_rss_mb = 321;
+  const auto t = summary_table(s);
+  for (const char* needle : {"88.12 %", "100.5 s", "2345 images/s", "| skipped steps", "4096", "321 MiB"})
+    EXPECT_NE(t.find(needle), std::string::npos) << needle << "\n" << t;
+  EXPECT_GT(peak_rss_mb(), 1.0);
+}
+
+TEST(Metrics, PlotsArePngFiles) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot not installed";
+  TempDir tmp;
+  const auto path = (tmp.path() / "metrics.jsonl").string();
+  {
+    MetricsWriter w(path, false);
+    for (int step = 1; step <= 40; ++step) {
+      StepRecord s;
+      s.step = step, s.loss = 1.0 / step, s.skipped = step < 4, s.loss_scale = step < 4 ? 65536.0 / (1 << step) : 8192;
+      s.images_per_sec = 1000 + step;
+      w.write(s);
+    }
+    for (int e = 0; e < 2; ++e) {
+      EpochRecord r;
+      r.epoch = e, r.train_loss = 1.0 / (e + 1), r.test_loss = 1.1 / (e + 1), r.train_accuracy = 80 + e, r.test_accuracy = 79 + e;
+      w.write(r);
+    }
+  }
+  const auto pngs = write_plots(path, tmp.path().string());
+  ASSERT_EQ(pngs.size(), 3u);
+  for (const auto& p : pngs) {
+    std::ifstream in(p, std::ios::binary);
+    char sig[8] = {};
+    in.read(sig, 8);
+    EXPECT_EQ(std::string(sig + 1, 3), "PNG") << p;
+    EXPECT_GT(fs::file_size(p), 5000u) << p;
+  }
+}
