@@ -1,7 +1,7 @@
 // GradScaler unscale kernel: 64 fp32 gradients totalling 64 Mi values (256 MiB).
 // Every benchmark reads and writes the same 256 MiB once per iteration, at 1 and 2 threads:
 //   Baseline/Memcpy : parallel memcpy of the same bytes into a second buffer (read 256 + write 256 MiB)
-//   Baseline/Scale  : parallel in-place x *= s, a plain loop (the same traffic as the unscale)
+//   Baseline/Scale  : parallel in-place x *= s with at::vec::Vectorized (the same traffic as the unscale)
 //   Fused           : ampp::numerics::non_finite_check_and_unscale_ over all 64 tensors (one call)
 //   Naive           : per tensor isfinite(t).all().item() then t.mul_(s) (what a port without a kernel does)
 // Counters: GB/s (read+write bytes / wall time), and ratios against the same-run baselines with the
@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -97,7 +98,10 @@ void BM_BaselineScale(benchmark::State& state) {
     at::parallel_for(0, kTensors * chunks_per, 1, [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c) {
         float* p = grads()[c / chunks_per].data_ptr<float>() + (c % chunks_per) * kChunk;
-        for (int64_t k = 0; k < kChunk; ++k) p[k] *= s;
+        // The same Vectorized<float> load/multiply/store as the kernel, without the detection.
+        using V = at::vec::Vectorized<float>;
+        const V vs(s);
+        for (int64_t k = 0; k < kChunk; k += V::size()) (V::loadu(p + k) * vs).store(p + k);
       }
     });
     benchmark::ClobberMemory();
