@@ -1,0 +1,263 @@
+// ampp's kernel on the AutocastCPU dispatch key: one boxed function for every listed op, which
+// looks up the op's CastPolicy at call time (so run-time registrations take effect immediately),
+// casts the arguments, and calls the op again with AutocastCPU excluded.
+
+#include "detail.h"
+#include "fp32_compute.h"
+
+#include <ampp/precision/kernels.h>
+#include <ampp/precision/rounding.h>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <set>
+
+namespace ampp::precision {
+namespace detail {
+namespace {
+
+using Stack = torch::jit::Stack;
+
+bool eligible(const at::Tensor& t) {
+  return t.defined() && (t.is_cpu() || t.is_mkldnn()) && at::isFloatingType(t.scalar_type()) &&
+         t.scalar_type() != at::kDouble;
+}
+
+// Replaces every eligible tensor among the last `n` stack entries (plain, optional, lists) by f(t).
+template <class F>
+void map_tensors(Stack& stack, size_t n, F&& f) {
+  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(n); it != stack.end(); ++it) {
+    if (it->isTensor()) {
+      const at::Tensor& t = it->toTensor();
+      if (eligible(t)) *it = f(t);
+    } else if (it->isTensorList()) {
+      c10::List<at::Tensor> out;  // a new list: a boxed caller may still hold the old one
+      for (const at::Tensor& t : it->toTensorVector()) out.push_back(eligible(t) ? f(t) : t);
+      *it = c10::IValue(std::move(out));
+    }
+  }
+}
+
+template <class F>
+void for_each_tensor(Stack& stack, size_t n, F&& f) {
+  map_tensors(stack, n, [&](const at::Tensor& t) {
+    f(t);
+    return t;
+  });
+}
+
+void call_without_autocast(const c10::OperatorHandle& op, Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  op.callBoxed(stack);
+}
+
+// Autocast's promote rule: fp32 wins, lower+lower stays lower, fp64 is ignored, two different lower
+// types are an error (as LibTorch's at::autocast::prioritize).
+c10::ScalarType promote_type(Stack& stack, size_t n, c10::ScalarType lower) {
+  c10::ScalarType result = lower;
+  for_each_tensor(stack, n, [&](const at::Tensor& t) {
+    const auto type = t.scalar_type();
+    if (result == at::kFloat || type == at::kFloat)
+      result = at::kFloat;
+    else
+      TORCH_CHECK(type == lower, "ampp::autocast: promote op got tensors of two different lower-precision "
+                                 "types (", c10::toString(type), " and ", c10::toString(lower),
+                  "); cast them to one dtype first");
+  });
+  return result;
+}
+
+void banned_error(const std::string& key) {
+  TORCH_CHECK(false, "ampp::autocast: ", key,
+              " is unsafe to autocast in fp16 (e.g. torch::nn::BCELoss after a sigmoid: a saturated "
+              "probability rounds to 1 and log(0) follows).\nCombine the sigmoid and the loss as "
+              "torch::binary_cross_entropy_with_logits / torch::nn::BCEWithLogitsLoss, which is safe to "
+              "autocast, or run this op outside the region (or pass AutocastOptions().allow_banned(true) to "
+              "run it in fp32).");
+}
+
+std::vector<int64_t> int_list(const c10::IValue& v) { return v.toIntVector(); }
+
+c10::optional<at::Tensor> opt_tensor(const c10::IValue& v) {
+  return v.isNone() ? c10::nullopt : c10::optional<at::Tensor>(v.toTensor());
+}
+
+// conv{1,2,3}d's int[N] arguments may come as one element meaning "the same for every dimension".
+std::vector<int64_t> expand(const c10::IValue& v, size_t spatial) {
+  auto list = v.toIntVector();
+  if (list.size() == 1) list.assign(spatial, list[0]);
+  return list;
+}
+
+// conv{1,2,3}d(input, weight, bias, stride, padding, dilation, groups) as aten::convolution, with
+// the unbatched form (input without batch dimension) handled as conv*d does.
+at::Tensor conv_fp32_compute(const c10::IValue* args) {
+  at::Tensor x = args[0].toTensor();
+  const at::Tensor& w = args[1].toTensor();
+  const size_t spatial = static_cast<size_t>(w.dim() - 2);
+  const bool unbatched = x.dim() == w.dim() - 1;
+  if (unbatched) x = x.unsqueeze(0);
+  at::Tensor out = fp32_compute_convolution(x, w, opt_tensor(args[2]), expand(args[3], spatial),
+                                            expand(args[4], spatial), expand(args[5], spatial), false,
+                                            std::vector<int64_t>(spatial, 0), args[6].toInt());
+  return unbatched ? out.squeeze(0) : out;
+}
+
+// Bf16Compute::fp32 for a lower-precision op. Returns after leaving the result on the stack.
+void lower_with_fp32_compute(const std::string& key, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                             Stack* stack, size_t n) {
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
+  auto eligible_arg = [&](size_t i) { return args[i].isTensor() && eligible(args[i].toTensor()); };
+  at::Tensor out;
+  if ((key == "mm" || key == "bmm") && eligible_arg(0) && eligible_arg(1)) {
+    out = fp32_compute_gemm(at::Tensor(), args[0].toTensor(), args[1].toTensor(), 0.0, 1.0, key == "bmm");
+  } else if ((key == "addmm" || key == "baddbmm") && eligible_arg(0) && eligible_arg(1) && eligible_arg(2)) {
+    out = fp32_compute_gemm(args[0].toTensor(), args[1].toTensor(), args[2].toTensor(), args[3].toScalar().toDouble(),
+                            args[4].toScalar().toDouble(), key == "baddbmm");
+  } else if (key == "linear" && eligible_arg(0) && eligible_arg(1)) {
+    out = fp32_compute_linear(args[0].toTensor(), args[1].toTensor(), opt_tensor(args[2]));
+  } else if ((key == "conv1d" || key == "conv2d" || key == "conv3d") && eligible_arg(0) && eligible_arg(1)) {
+    out = conv_fp32_compute(&args[0]);
+  } else if (key == "matmul") {
+    // A composite op: let it decompose, with autocast still on, into the mm/bmm handled above.
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastCPU),
+                       stack);
+    return;
+  } else {
+    // Anything else (addbmm, conv*d.padding, conv_tbc, user-registered ops): upcast, compute, store bf16. Correct, but
+    // autograd keeps the fp32 copies it needs for backward.
+    map_tensors(*stack, n, [](const at::Tensor& t) { return t.to(at::kFloat); });
+    call_without_autocast(op, stack);
+    map_tensors(*stack, op.schema().returns().size(), [](const at::Tensor& t) { return t.to(at::kBFloat16); });
+    return;
+  }
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack) {
+  const auto& region = cpu_region();
+  const c10::ScalarType lower = region.active ? region.dtype : at::autocast::get_autocast_cpu_dtype();
+  const bool fp16 = lower == at::kHalf;
+  const bool fp32_compute = region.active && !fp16 && region.bf16_compute == Bf16Compute::fp32;
+  const size_t n = op.schema().arguments().size();
+  const std::string key = policy_key(op.operator_name());
+
+  CastPolicy policy = lookup_policy(op.operator_name(), c10::DeviceType::CPU);
+  if (policy == CastPolicy::banned) {
+    if (fp16 && !region.allow_banned) banned_error(key);
+    policy = CastPolicy::fp32;  // bf16 (PyTorch's CPU behaviour) or allow_banned
+  }
+  switch (policy) {
+    case CastPolicy::fp32:
+      map_tensors(*stack, n, [](const at::Tensor& t) { return t.to(at::kFloat); });
+      break;
+    case CastPolicy::promote: {
+      const auto to = promote_type(*stack, n, lower);
+      map_tensors(*stack, n, [to](const at::Tensor& t) { return t.to(to); });
+      break;
+    }
+    case CastPolicy::lower_precision:
+      if (fp16) {
+        // fp16 emulation: inputs rounded to fp16 values, fp32 arithmetic, output rounded to fp16.
+        map_tensors(*stack, n, [](const at::Tensor& t) { return cached_round_to_fp16(t); });
+        call_without_autocast(op, stack);
+        map_tensors(*stack, op.schema().returns().size(), [](const at::Tensor& t) { return round_to_fp16(t); });
+        return;
+      }
+      if (fp32_compute) return lower_with_fp32_compute(key, op, ks, stack, n);
+      map_tensors(*stack, n, [lower](const at::Tensor& t) {
+        return at::autocast::cached_cast(lower, t, c10::DeviceType::CPU);
+      });
+      break;
+    default:  // none (an op whose registration was removed) and CUDA-only policies: run unchanged
+      break;
+  }
+  call_without_autocast(op, stack);
+}
+
+// LibTorch warns "Overriding a previously registered kernel" once per replaced op; that is the
+// intended effect here, so those warnings are dropped while ampp registers.
+struct QuietOverrides : c10::WarningHandler {
+  c10::WarningHandler* previous = c10::Warning::get_warning_handler();
+  void process(const c10::SourceLocation& loc, const std::string& msg, bool verbatim) override {
+    if (msg.find("Overriding a previously registered kernel") != std::string::npos) return;
+    previous->process(loc, msg, verbatim);
+  }
+};
+
+struct Installed {
+  std::mutex mutex;
+  std::unique_ptr<torch::Library> library;
+  std::set<std::string> ops;
+
+  void add(const std::string& key) {
+    if (!ops.insert(key).second) return;
+    library->impl(key.c_str(), torch::CppFunction::makeFromBoxedFunction<&autocast_cpu_kernel>());
+  }
+};
+
+Installed& installed() {
+  static Installed* i = new Installed();  // never destroyed: kernels may run during static teardown
+  return *i;
+}
+
+void install_locked(Installed& inst) {
+  if (inst.library) return;
+  QuietOverrides quiet;
+  c10::Warning::WarningHandlerGuard guard(&quiet);
+  inst.library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                                  c10::make_optional(c10::DispatchKey::AutocastCPU), __FILE__,
+                                                  __LINE__);
+  for (const auto& key : installed_cpu_ops()) inst.add(key);
+  for (const auto& key : ops_with_policy(CastPolicy::lower_precision)) inst.add(key);  // user additions
+  for (const auto& key : ops_with_policy(CastPolicy::fp32)) inst.add(key);
+  for (const auto& key : ops_with_policy(CastPolicy::promote)) inst.add(key);
+  for (const auto& key : ops_with_policy(CastPolicy::banned)) inst.add(key);
+}
+
+}  // namespace
+
+void ensure_kernels_installed() {
+  auto& inst = installed();
+  std::lock_guard<std::mutex> lock(inst.mutex);
+  install_locked(inst);
+}
+
+void install_kernel_for(const std::string& key, c10::DeviceType device_type) {
+  TORCH_CHECK(device_type == c10::DeviceType::CPU,
+              "ampp: op policies can only be changed for torch::kCPU in this build (LibTorch without CUDA); "
+              "the CUDA lists are LibTorch's built-in ones");
+  auto& inst = installed();
+  std::lock_guard<std::mutex> lock(inst.mutex);
+  if (!inst.library) return;  // installed with the full table on first use
+  QuietOverrides quiet;
+  c10::Warning::WarningHandlerGuard guard(&quiet);
+  inst.add(key);
+}
+
+}  // namespace detail
+
+void install_autocast_kernels() { detail::ensure_kernels_installed(); }
+
+void uninstall_autocast_kernels() {
+  auto& inst = detail::installed();
+  std::lock_guard<std::mutex> lock(inst.mutex);
+  inst.library.reset();  // deregisters: LibTorch's kernels are in force again
+  inst.ops.clear();
+}
+
+bool autocast_kernels_installed() {
+  auto& inst = detail::installed();
+  std::lock_guard<std::mutex> lock(inst.mutex);
+  return inst.library != nullptr;
+}
+
+}  // namespace ampp::precision

@@ -1,0 +1,40 @@
+#pragma once
+// Internal state shared by the precision layer's translation units.
+
+#include <ampp/autocast.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <string>
+#include <vector>
+
+namespace ampp::precision::detail {
+
+// ampp's per-thread view of the CPU autocast region. LibTorch's own flag (AutocastCPU excluded or
+// not) says whether kernels run at all; this says what they do. When `active` is false but
+// LibTorch's flag is on (a user called at::autocast::set_cpu_enabled), kernels behave like
+// LibTorch's: bf16 via at::autocast::get_autocast_cpu_dtype(), native compute.
+struct CpuRegion {
+  bool active = false;
+  c10::ScalarType dtype = c10::ScalarType::BFloat16;
+  Bf16Compute bf16_compute = Bf16Compute::native;
+  bool allow_banned = false;
+};
+CpuRegion& cpu_region();
+
+// "addmm", "conv2d.padding": the key of the policy tables.
+std::string policy_key(const c10::OperatorName& name);
+std::string normalize_op_name(const std::string& op);  // strips "aten::"
+CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_type);
+// Keys of PyTorch 1.13's CPU lists (the ops whose AutocastCPU kernels ampp replaces).
+std::vector<std::string> installed_cpu_ops();
+
+// Registers ampp's kernel on the AutocastCPU key for every listed op (lazily, once).
+void ensure_kernels_installed();
+// Registers the kernel for one more op (user registration); no-op if already there.
+void install_kernel_for(const std::string& key, c10::DeviceType device_type);
+
+// Per-thread cache of fp16-rounded fp32 leaf tensors (fp16 emulation).
+void clear_fp16_cache();
+
+}  // namespace ampp::precision::detail
