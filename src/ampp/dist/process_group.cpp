@@ -181,7 +181,7 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port
 // Every rank checks in; rank 0 publishes its world size. Each rank compares, and any disagreement
 // (world size, duplicate rank, too many ranks) is written to an error key that every rank polls,
 // so all ranks fail fast with the same message instead of timing out in the backend.
-void check_membership(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout) {
+void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout) {
   const std::string kWorld = "ampp/init/world_size", kArrived = "ampp/init/arrived",
                     kError = "ampp/init/error";
   auto to_bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
@@ -227,6 +227,20 @@ void check_membership(c10d::Store& store, int rank, int world, std::chrono::mill
                 " arrived). Start the missing ranks, check that they use the same master address/port, or raise "
                 "the timeout.");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// Store I/O fails with a plain socket error when the master (rank 0, which serves the store) exits,
+// typically because another rank hit an error first: say so instead of "Broken pipe".
+void check_membership(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout) {
+  try {
+    check_membership_impl(store, rank, world, timeout);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " lost the connection to the rendezvous store "
+                "while waiting for all ", world, " ranks: rank 0 (the store's host) probably exited, e.g. after an "
+                "error in another rank (see its message). c10d said: ", e.what());
   }
 }
 
