@@ -59,6 +59,19 @@ torch::Tensor scaled_values(int64_t n, torch::ScalarType dtype, uint64_t seed) {
   return v.to(dtype);
 }
 
+// Runs body once per kernel variant available here (portable, and AVX2 when built and supported),
+// then restores the default choice.
+template <typename Body>
+void for_each_variant(Body body) {
+  const std::string chosen = ampp::numerics::unscale_kernel_variant();
+  for (const auto& v : ampp::numerics::unscale_kernel_variants()) {
+    ASSERT_TRUE(ampp::numerics::set_unscale_kernel_variant(v));
+    SCOPED_TRACE("kernel variant " + v);
+    body();
+  }
+  ASSERT_TRUE(ampp::numerics::set_unscale_kernel_variant(chosen));
+}
+
 struct DtypeCase {
   torch::ScalarType dtype;
   const char* name;
@@ -67,39 +80,43 @@ struct DtypeCase {
 class UnscaleDtype : public ::testing::TestWithParam<DtypeCase> {};
 
 TEST_P(UnscaleDtype, MatchesReferenceForOddSizesAndFiniteValues) {
-  const auto dtype = GetParam().dtype;
-  for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 65, 1000, (1 << 15) + 5, 70001}) {
-    auto t = scaled_values(n, dtype, 100 + n);
-    auto ref = t.clone();
-    auto found = torch::zeros({}, torch::kFloat);
-    const float inv = 1.0f / 3.0f;  // not a power of two: exercises rounding back to the dtype
-    non_finite_check_and_unscale_({t}, found, torch::full({}, inv));
-    const bool ref_found = reference_unscale_(ref, inv);
-    EXPECT_FALSE(ref_found);
-    EXPECT_EQ(found.item<float>(), 0.0f) << "n=" << n;
-    expect_same_bits(t, ref);
-  }
+  for_each_variant([&] {
+    const auto dtype = GetParam().dtype;
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 65, 1000, (1 << 15) + 5, 70001}) {
+      auto t = scaled_values(n, dtype, 100 + n);
+      auto ref = t.clone();
+      auto found = torch::zeros({}, torch::kFloat);
+      const float inv = 1.0f / 3.0f;  // not a power of two: exercises rounding back to the dtype
+      non_finite_check_and_unscale_({t}, found, torch::full({}, inv));
+      const bool ref_found = reference_unscale_(ref, inv);
+      EXPECT_FALSE(ref_found);
+      EXPECT_EQ(found.item<float>(), 0.0f) << "n=" << n;
+      expect_same_bits(t, ref);
+    }
+  });
 }
 
 TEST_P(UnscaleDtype, DetectsInfMinusInfNaNAtEveryPositionKind) {
-  const auto dtype = GetParam().dtype;
-  for (int64_t n : {1, 17, 33, 64, 1000, (1 << 15) + 3, 70001}) {
-    // first element, a vector-body element, the last (scalar tail) element, and the last of a chunk
-    std::vector<int64_t> positions = {0, n / 2, n - 1};
-    if (n > (1 << 15)) positions.push_back((1 << 15) - 1);
-    for (int64_t pos : positions) {
-      for (float bad : {kInf, -kInf, kNaN}) {
-        auto t = scaled_values(n, dtype, 7);
-        t[pos] = bad;
-        auto ref = t.clone();
-        auto found = torch::zeros({}, torch::kFloat);
-        non_finite_check_and_unscale_({t}, found, torch::full({}, 0.25f));
-        EXPECT_TRUE(reference_unscale_(ref, 0.25f));
-        EXPECT_EQ(found.item<float>(), 1.0f) << "n=" << n << " pos=" << pos << " value=" << bad;
-        expect_same_bits(t, ref);
+  for_each_variant([&] {
+    const auto dtype = GetParam().dtype;
+    for (int64_t n : {1, 17, 33, 64, 1000, (1 << 15) + 3, 70001}) {
+      // first element, a vector-body element, the last (scalar tail) element, and the last of a chunk
+      std::vector<int64_t> positions = {0, n / 2, n - 1};
+      if (n > (1 << 15)) positions.push_back((1 << 15) - 1);
+      for (int64_t pos : positions) {
+        for (float bad : {kInf, -kInf, kNaN}) {
+          auto t = scaled_values(n, dtype, 7);
+          t[pos] = bad;
+          auto ref = t.clone();
+          auto found = torch::zeros({}, torch::kFloat);
+          non_finite_check_and_unscale_({t}, found, torch::full({}, 0.25f));
+          EXPECT_TRUE(reference_unscale_(ref, 0.25f));
+          EXPECT_EQ(found.item<float>(), 1.0f) << "n=" << n << " pos=" << pos << " value=" << bad;
+          expect_same_bits(t, ref);
+        }
       }
     }
-  }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, UnscaleDtype,
@@ -108,58 +125,64 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, UnscaleDtype,
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Unscale, OneBadValueInAnyOfManyMixedDtypeTensorsSetsFoundInf) {
-  std::vector<torch::ScalarType> dtypes = {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kFloat};
-  for (size_t which = 0; which < 8; ++which) {
-    std::vector<torch::Tensor> ts, refs;
-    for (size_t i = 0; i < 8; ++i) {
-      ts.push_back(scaled_values(int64_t(37 + 500 * i), dtypes[i % 4], i));
-      if (i == which) ts.back()[-1] = kNaN;
-      refs.push_back(ts.back().clone());
+  for_each_variant([&] {
+    std::vector<torch::ScalarType> dtypes = {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kFloat};
+    for (size_t which = 0; which < 8; ++which) {
+      std::vector<torch::Tensor> ts, refs;
+      for (size_t i = 0; i < 8; ++i) {
+        ts.push_back(scaled_values(int64_t(37 + 500 * i), dtypes[i % 4], i));
+        if (i == which) ts.back()[-1] = kNaN;
+        refs.push_back(ts.back().clone());
+      }
+      auto found = torch::zeros({}, torch::kFloat);
+      non_finite_check_and_unscale_(ts, found, torch::full({}, 0.5f));
+      EXPECT_EQ(found.item<float>(), 1.0f) << "bad tensor " << which;
+      for (size_t i = 0; i < ts.size(); ++i) {
+        reference_unscale_(refs[i], 0.5f);
+        expect_same_bits(ts[i], refs[i]);
+      }
     }
-    auto found = torch::zeros({}, torch::kFloat);
-    non_finite_check_and_unscale_(ts, found, torch::full({}, 0.5f));
-    EXPECT_EQ(found.item<float>(), 1.0f) << "bad tensor " << which;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      reference_unscale_(refs[i], 0.5f);
-      expect_same_bits(ts[i], refs[i]);
-    }
-  }
+  });
 }
 
 TEST(Unscale, NonContiguousTensorsAreUnscaledInPlaceWithoutTouchingGaps) {
-  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
-    // Transposed (non-contiguous but dense) and a strided slice (has gaps).
-    auto base_t = scaled_values(33 * 17, dtype, 3).view({33, 17});
-    auto transposed = base_t.t();
-    auto base_s = scaled_values(41 * 10, dtype, 4).view({41, 10});
-    auto strided = base_s.slice(/*dim=*/1, 0, 10, 3);  // columns 0,3,6,9
-    ASSERT_FALSE(transposed.is_contiguous());
-    ASSERT_FALSE(strided.is_non_overlapping_and_dense());
-    strided[40][3] = -kInf;  // last element of the view
+  for_each_variant([&] {
+    for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+      // Transposed (non-contiguous but dense) and a strided slice (has gaps).
+      auto base_t = scaled_values(33 * 17, dtype, 3).view({33, 17});
+      auto transposed = base_t.t();
+      auto base_s = scaled_values(41 * 10, dtype, 4).view({41, 10});
+      auto strided = base_s.slice(/*dim=*/1, 0, 10, 3);  // columns 0,3,6,9
+      ASSERT_FALSE(transposed.is_contiguous());
+      ASSERT_FALSE(strided.is_non_overlapping_and_dense());
+      strided[40][3] = -kInf;  // last element of the view
 
-    auto want_t = transposed.clone();
-    auto want_s = strided.clone();
-    auto gaps_before = base_s.slice(1, 1, 10, 3).clone();
-    reference_unscale_(want_t, 0.125f);
-    reference_unscale_(want_s, 0.125f);
+      auto want_t = transposed.clone();
+      auto want_s = strided.clone();
+      auto gaps_before = base_s.slice(1, 1, 10, 3).clone();
+      reference_unscale_(want_t, 0.125f);
+      reference_unscale_(want_s, 0.125f);
 
-    auto found = torch::zeros({}, torch::kFloat);
-    non_finite_check_and_unscale_({transposed, strided}, found, torch::full({}, 0.125f));
-    EXPECT_EQ(found.item<float>(), 1.0f);
-    expect_same_bits(transposed, want_t);
-    expect_same_bits(strided, want_s);
-    expect_same_bits(base_s.slice(1, 1, 10, 3), gaps_before);
-  }
+      auto found = torch::zeros({}, torch::kFloat);
+      non_finite_check_and_unscale_({transposed, strided}, found, torch::full({}, 0.125f));
+      EXPECT_EQ(found.item<float>(), 1.0f);
+      expect_same_bits(transposed, want_t);
+      expect_same_bits(strided, want_s);
+      expect_same_bits(base_s.slice(1, 1, 10, 3), gaps_before);
+    }
+  });
 }
 
 TEST(Unscale, InvScaleOneLeavesValuesBitIdenticalAndStillDetects) {
-  auto t = scaled_values(1001, torch::kFloat, 9);
-  t[1000] = kNaN;
-  auto before = t.clone();
-  auto found = torch::zeros({}, torch::kFloat);
-  non_finite_check_and_unscale_({t}, found, torch::ones({}));
-  EXPECT_EQ(found.item<float>(), 1.0f);
-  expect_same_bits(t, before);
+  for_each_variant([&] {
+    auto t = scaled_values(1001, torch::kFloat, 9);
+    t[1000] = kNaN;
+    auto before = t.clone();
+    auto found = torch::zeros({}, torch::kFloat);
+    non_finite_check_and_unscale_({t}, found, torch::ones({}));
+    EXPECT_EQ(found.item<float>(), 1.0f);
+    expect_same_bits(t, before);
+  });
 }
 
 TEST(Unscale, FoundInfIsNeverClearedAndEmptyListIsANoop) {
@@ -176,23 +199,25 @@ TEST(Unscale, FoundInfIsNeverClearedAndEmptyListIsANoop) {
 }
 
 TEST(Unscale, TwoThreadsGiveTheSameBitsAsOne) {
-  std::vector<torch::Tensor> a, b;
-  for (int i = 0; i < 6; ++i) {
-    a.push_back(scaled_values(100000 + 13 * i, i % 2 ? torch::kBFloat16 : torch::kFloat, 50 + i));
-    b.push_back(a.back().clone());
-  }
-  a[5][77777] = kInf;
-  b[5][77777] = kInf;
-  const int saved = at::get_num_threads();
-  auto fa = torch::zeros({}), fb = torch::zeros({});
-  at::set_num_threads(1);
-  non_finite_check_and_unscale_(a, fa, torch::full({}, 1.0f / 65536));
-  at::set_num_threads(2);
-  non_finite_check_and_unscale_(b, fb, torch::full({}, 1.0f / 65536));
-  at::set_num_threads(saved);
-  EXPECT_EQ(fa.item<float>(), 1.0f);
-  EXPECT_EQ(fb.item<float>(), 1.0f);
-  for (size_t i = 0; i < a.size(); ++i) expect_same_bits(a[i], b[i]);
+  for_each_variant([&] {
+    std::vector<torch::Tensor> a, b;
+    for (int i = 0; i < 6; ++i) {
+      a.push_back(scaled_values(100000 + 13 * i, i % 2 ? torch::kBFloat16 : torch::kFloat, 50 + i));
+      b.push_back(a.back().clone());
+    }
+    a[5][77777] = kInf;
+    b[5][77777] = kInf;
+    const int saved = at::get_num_threads();
+    auto fa = torch::zeros({}), fb = torch::zeros({});
+    at::set_num_threads(1);
+    non_finite_check_and_unscale_(a, fa, torch::full({}, 1.0f / 65536));
+    at::set_num_threads(2);
+    non_finite_check_and_unscale_(b, fb, torch::full({}, 1.0f / 65536));
+    at::set_num_threads(saved);
+    EXPECT_EQ(fa.item<float>(), 1.0f);
+    EXPECT_EQ(fb.item<float>(), 1.0f);
+    for (size_t i = 0; i < a.size(); ++i) expect_same_bits(a[i], b[i]);
+  });
 }
 
 TEST(Unscale, RejectsBadArgumentsWithAtenMessages) {
@@ -221,9 +246,15 @@ TEST(Unscale, RejectsBadArgumentsWithAtenMessages) {
               HasSubstr("one of scaled_grads was not a strided tensor."));
 }
 
-TEST(Unscale, ReportsWhichKernelVariantRuns) {
+TEST(Unscale, ReportsAndSelectsKernelVariants) {
   const std::string v = ampp::numerics::unscale_kernel_variant();
   EXPECT_TRUE(v == "avx2" || v == "default") << v;
+  const auto all = ampp::numerics::unscale_kernel_variants();
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.front(), "default");
+  EXPECT_EQ(all.back(), v);  // the best available one is picked by default
+  EXPECT_FALSE(ampp::numerics::set_unscale_kernel_variant("avx9000"));
+  EXPECT_EQ(ampp::numerics::unscale_kernel_variant(), v);
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <string>
+#include <vector>
+
 namespace ampp::numerics {
 
 /// For every tensor t in `scaled_grads`, in place: t = t * inv_scale (computed in fp32 for
@@ -21,7 +24,15 @@ void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& foun
 /// True if any element of any tensor is inf/-inf/NaN (the same pass with inv_scale 1, read only).
 bool has_non_finite(at::TensorList tensors);
 
-/// Name of the CPU kernel variant picked at run time ("avx2" or "default").
+/// Name of the CPU kernel variant in use ("avx2" or "default"; the best one available is picked at
+/// the first call).
 const char* unscale_kernel_variant();
+
+/// The CPU kernel variants built into this binary that this CPU can run ("default" always first).
+std::vector<std::string> unscale_kernel_variants();
+
+/// Selects a variant by name (for tests and benchmarks); false if it is not available. Do not call
+/// while a kernel is running.
+bool set_unscale_kernel_variant(const std::string& name);
 
 }  // namespace ampp::numerics

@@ -28,20 +28,28 @@ constexpr int64_t kChunk = int64_t{1} << 15;
 // Below this many elements in total, threads cost more than they save.
 constexpr int64_t kSerialBelow = int64_t{1} << 16;
 
-detail::SpanKernel pick_kernel() {
+bool avx2_available() {
 #if defined(AMPP_UNSCALE_HAVE_AVX2)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
-    return detail::unscale_span_avx2;
-  }
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
 #endif
-  return detail::unscale_span_default;
 }
 
-detail::SpanKernel kernel() {
-  static const detail::SpanKernel k = pick_kernel();
+detail::SpanKernel kernel_named(const std::string& name) {
+#if defined(AMPP_UNSCALE_HAVE_AVX2)
+  if (name == "avx2" && avx2_available()) return detail::unscale_span_avx2;
+#endif
+  if (name == "default") return detail::unscale_span_default;
+  return nullptr;
+}
+
+std::atomic<detail::SpanKernel>& kernel_slot() {
+  static std::atomic<detail::SpanKernel> k{avx2_available() ? kernel_named("avx2") : kernel_named("default")};
   return k;
 }
+
+detail::SpanKernel kernel() { return kernel_slot().load(std::memory_order_relaxed); }
 
 bool supported_dtype(c10::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
@@ -160,6 +168,19 @@ bool has_non_finite(at::TensorList tensors) {
 
 const char* unscale_kernel_variant() {
   return kernel() == detail::unscale_span_default ? "default" : "avx2";
+}
+
+std::vector<std::string> unscale_kernel_variants() {
+  std::vector<std::string> names{"default"};
+  if (avx2_available()) names.emplace_back("avx2");
+  return names;
+}
+
+bool set_unscale_kernel_variant(const std::string& name) {
+  const detail::SpanKernel k = kernel_named(name);
+  if (k == nullptr) return false;
+  kernel_slot().store(k, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace ampp::numerics
