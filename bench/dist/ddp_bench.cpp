@@ -173,12 +173,29 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
     DistributedDataParallel ddp(net, g_pg, DistributedDataParallelOptions().broadcast_buffers(false));
     auto params = net->parameters();
     std::vector<torch::Tensor> flat{torch::ones({numel})};
-    std::vector<double> t_flat, t_window, t_step;
+    // DDP's bucket layout as plain flat tensors: the bucketing cost alone, without autograd/hooks
+    // and without the rank skew that hook timing adds.
+    std::vector<torch::Tensor> bucket_buffers;
+    for (const auto& idx : ddp.reducer().bucket_indices()) {
+      int64_t n = 0;
+      for (auto i : idx) n += params[i].numel();
+      bucket_buffers.push_back(torch::ones({n}));
+    }
+    std::vector<double> t_flat, t_window, t_step, t_buckets;
     loop(st, iters, [&] {
       g_pg.c10d()->barrier()->wait();
       auto t0 = Clock::now();
       g_pg.c10d()->allreduce(flat)->wait();
       t_flat.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      g_pg.c10d()->barrier()->wait();
+      t0 = Clock::now();
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (auto& b : bucket_buffers) {
+        std::vector<torch::Tensor> one{b};
+        works.push_back(g_pg.c10d()->allreduce(one));
+      }
+      for (auto& w : works) w->wait();
+      t_buckets.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       g_pg.c10d()->barrier()->wait();
       t0 = Clock::now();
       ddp.reducer().pre_forward();
@@ -197,6 +214,8 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
       st->counters["flat_ms"] = 1e3 * median(t_flat);
       st->counters["ddp_allreduce_ms"] = 1e3 * median(t_window);
       st->counters["ddp_step_ms"] = 1e3 * median(t_step);
+      st->counters["buckets_only_ms"] = 1e3 * median(t_buckets);
+      g_results["paired_buckets"] = median(t_buckets);
       g_results["paired_flat"] = median(t_flat);
       g_results["paired_window"] = median(t_window);
       g_results["paired_step"] = median(t_step);
@@ -279,6 +298,9 @@ void summary() {
                 "flat bandwidth; whole DDP comm-only step %.2f ms -> %.1f%%\n",
                 1e3 * get("paired_flat"), 1e3 * get("paired_window"), 100 * get("paired_flat") / get("paired_window"),
                 1e3 * get("paired_step"), 100 * get("paired_flat") / get("paired_step"));
+  if (get("paired_buckets") > 0)
+    std::printf("DDP's bucket layout allreduced back to back (no autograd, no hook skew): %.2f ms -> %.1f%% of flat "
+                "bandwidth\n", 1e3 * get("paired_buckets"), 100 * get("paired_flat") / get("paired_buckets"));
   if (plain > 0)
     std::printf("comm-only step fp16 / plain: %.2f, bf16 / plain: %.2f\n", get("ddp_comm_fp16") / plain,
                 get("ddp_comm_bf16") / plain);
