@@ -1,0 +1,176 @@
+#pragma once
+// ampp::Amp: the handle ampp::initialize() returns (apex's amp module state, per model/optimizers).
+//
+//   auto amp = ampp::initialize(net, opt, ampp::OptLevel::O2);
+//   for (auto& batch : loader) {
+//     opt.zero_grad();                                  // or amp.zero_grad()
+//     auto loss = criterion(amp.forward(net, batch.data), batch.target);
+//     amp.scale_loss(loss).backward();                  // apex: with amp.scale_loss(loss, opt) as s: s.backward()
+//     amp.step();                                       // apex: optimizer.step() (patched by apex)
+//   }
+//
+// Unlike apex, ampp cannot patch optimizer.step(): call amp.step() instead of opt.step().
+// The handle is a cheap shared reference; it refers to the model(s) and optimizer(s) passed to
+// initialize(), which must outlive it.
+
+#include <ampp/amp/properties.h>
+#include <ampp/autocast.h>
+#include <ampp/grad_scaler.h>
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace ampp {
+
+namespace detail {
+struct AmpState;
+}
+
+/// apex's scale_loss() arguments other than the loss.
+struct ScaleLossOptions {
+  /// Which loss scaler to use (0..num_losses-1).
+  TORCH_ARG(int64_t, loss_id) = 0;
+  /// true: leave the gradients scaled (no unscale, no overflow check, no scale update), e.g. for all
+  /// but the last micro-batch of gradient accumulation. A scale_loss() without it must follow before step().
+  TORCH_ARG(bool, delay_unscale) = false;
+  /// The optimizers this loss's gradients flow to (apex's `optimizers` argument). Empty: all of them.
+  TORCH_ARG(std::vector<torch::optim::Optimizer*>, optimizers);
+};
+
+/// Time spent in ampp's machinery (Properties::profile(true)); all zero otherwise.
+struct AmpProfile {
+  double scaler_seconds = 0;  ///< scaling the loss, unscale + inf check, scale update
+  double copy_seconds = 0;    ///< model grads -> FP32 master grads, masters -> model, stash bookkeeping
+  double cast_seconds = 0;    ///< forward(): input and output casts
+  int64_t steps = 0;          ///< step() calls
+  double total_seconds() const { return scaler_seconds + copy_seconds + cast_seconds; }
+};
+
+/// apex's state_dict: {"loss_scaler0": {"loss_scale": double, "unskipped": int}, ...} (each entry a
+/// GenericDict IValue); under O2 also "master_params": the FP32 masters in optimizer order (a TensorList),
+/// so a round trip loses no precision. A std::map like GradScalerStateDict.
+using AmpStateDict = std::map<std::string, c10::IValue>;
+
+/// What `amp.scale_loss(loss)` returns: backward() does apex's whole with-block.
+class ScaledLoss {
+ public:
+  /// Stashes gradients already accumulated, runs autograd on loss.float() * scale, then (unless
+  /// delay_unscale) copies new low-precision gradients into FP32 master gradients, unscales them with
+  /// the loss scaler (one fused pass that also detects inf/NaN), adds the stash back and updates the
+  /// scale; on overflow the next step() is skipped.
+  void backward(bool retain_graph = false);
+  /// loss.float() * scale (what apex's with-block yields).
+  const torch::Tensor& tensor() const { return scaled_; }
+  /// The scale used.
+  double scale() const { return scale_; }
+
+ private:
+  friend class Amp;
+  ScaledLoss(std::shared_ptr<detail::AmpState> state, torch::Tensor scaled, double scale, ScaleLossOptions options);
+  std::shared_ptr<detail::AmpState> state_;
+  torch::Tensor scaled_;
+  double scale_;
+  ScaleLossOptions options_;
+  bool done_ = false;
+};
+
+class Amp {
+ public:
+  explicit Amp(std::shared_ptr<detail::AmpState> state);
+
+  /// apex: `with amp.scale_loss(loss, optimizers, loss_id) as scaled_loss: scaled_loss.backward()`.
+  ScaledLoss scale_loss(const torch::Tensor& loss, ScaleLossOptions options = {});
+  ScaledLoss scale_loss(const torch::Tensor& loss, int64_t loss_id);
+
+  /// Steps every optimizer (apex's patched optimizer.step()). An optimizer whose gradients overflowed
+  /// in a backward since the last step is skipped instead (its gradients are dropped, the scale was
+  /// already lowered). Under O2 the FP32 masters are stepped and copied back into the model.
+  /// Returns true if every optimizer stepped.
+  bool step();
+
+  /// Zeroes the gradients of the optimizers' params (the masters under O2) and drops the model's.
+  void zero_grad();
+
+  /// The region for the model's forward (and the loss): O1 -> ampp::autocast(device, dtype);
+  /// O2/O3 -> ampp::autocast of the model's dtype (fp16 emulation on CPU; hardware-aware bf16 GEMMs);
+  /// O0 and disabled -> a region with autocast off.
+  ampp::autocast autocast() const;
+
+  /// apex's patched model.forward: runs `model->forward(args...)` inside autocast(), with floating
+  /// tensor arguments cast to cast_model_type (O2/O3) and floating tensor outputs cast to
+  /// cast_model_outputs (float32 by default), so the loss is computed in FP32.
+  template <typename Model, typename... Args>
+  auto forward(Model& model, Args&&... args) {
+    auto region = autocast();
+    return cast_outputs(model->forward(cast_arg(std::forward<Args>(args))...));
+  }
+
+  /// One input / output as forward() casts it.
+  torch::Tensor cast_input(const torch::Tensor& input) const;
+  torch::Tensor cast_output(const torch::Tensor& output) const;
+
+  /// apex's amp.master_params(optimizer): the tensors the optimizer steps (FP32 masters under O2).
+  /// Clip these (their grads are unscaled after backward()), not the model's parameters.
+  std::vector<torch::Tensor> master_params() const;
+  std::vector<torch::Tensor> master_params(const torch::optim::Optimizer& optimizer) const;
+
+  /// Copies every FP32 master from its model parameter, e.g. after loading model weights from a
+  /// checkpoint saved without the amp state (masters then start from the low-precision values).
+  void sync_masters_from_model();
+
+  AmpStateDict state_dict() const;
+  /// Restores the loss scalers and, if present, the masters (the model is refreshed from them).
+  void load_state_dict(const AmpStateDict& state);
+
+  /// The live scale of loss scaler `loss_id` (1.0 for a static 1.0 / disabled).
+  double loss_scale(int64_t loss_id = 0) const;
+  const GradScaler& scaler(int64_t loss_id = 0) const;
+  /// Steps skipped because of overflow, over all optimizers.
+  int64_t skipped_steps() const;
+  /// The properties in force (level defaults + overrides, dtype resolved for the model's device).
+  const Properties& properties() const;
+  /// The dtype the model's cast parameters have (float32 carriers when fp16 is emulated on CPU).
+  c10::ScalarType model_storage_dtype() const;
+  /// True when fp16 is emulated on CPU (parameters hold fp16 values in float32 tensors).
+  bool fp16_emulated() const;
+  AmpProfile profile() const;
+
+ private:
+  template <typename T>
+  decltype(auto) cast_arg(T&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) {
+      return cast_input(arg);
+    } else {
+      return std::forward<T>(arg);
+    }
+  }
+
+  template <typename Out>
+  Out cast_outputs(Out out) const {
+    if constexpr (std::is_same_v<Out, torch::Tensor>) {
+      return cast_output(out);
+    } else if constexpr (std::is_same_v<Out, std::vector<torch::Tensor>>) {
+      for (auto& t : out) t = cast_output(t);
+      return out;
+    } else {
+      return out;  // other output types pass through unchanged
+    }
+  }
+
+  std::shared_ptr<detail::AmpState> state_;
+};
+
+}  // namespace ampp

@@ -1,0 +1,239 @@
+// ampp::Amp: step (skip on overflow, masters -> model), zero_grad, forward casts, state dicts.
+#include "ampp/amp/state.h"
+
+#include <ampp/precision/rounding.h>
+
+#include <fmt/core.h>
+
+namespace ampp {
+namespace {
+
+using detail::AmpState;
+using detail::OptimizerRecord;
+
+// Masters -> low-precision model (apex's multi_tensor_scale with scale 1.0): a rounding copy.
+void copy_masters_to_model(const AmpState& st, const OptimizerRecord& rec) {
+  torch::NoGradGuard no_grad;
+  for (const auto& slot : rec.slots) {
+    if (!slot.model.defined()) continue;
+    if (st.emulate_fp16) {
+      slot.model.copy_(precision::round_to_fp16(slot.param));
+    } else {
+      slot.model.copy_(slot.param);  // copy_ rounds to nearest even into bf16/fp16
+    }
+  }
+}
+
+bool is_floating(const torch::Tensor& t) { return t.defined() && t.is_floating_point(); }
+
+
+}  // namespace
+
+Amp::Amp(std::shared_ptr<detail::AmpState> state) : state_(std::move(state)) {}
+
+bool Amp::step() {
+  AmpState& st = *state_;
+  bool all_stepped = true;
+  for (auto& rec : st.optimizers) {
+    TORCH_CHECK(!rec.has_scaled_grads, "Amp::step(): the gradients are still scaled because the last backward used "
+                "delay_unscale(true). Run the last micro-batch's scale_loss(...).backward() without delay_unscale "
+                "before step().");
+    if (rec.skip_next_step) {
+      // apex's skip_step: drop the (inf/NaN) gradients, leave parameters and optimizer state alone.
+      rec.skip_next_step = false;
+      for (auto& slot : rec.slots) slot.param.mutable_grad() = torch::Tensor();
+      ++st.skipped_steps;
+      all_stepped = false;
+      continue;
+    }
+    {
+      // apex runs optimizer.step() with its casts disabled; autocast must not touch the update.
+      ampp::autocast no_autocast(st.device_type, st.low_dtype, /*enabled=*/false);
+      rec.optimizer->step();
+    }
+    detail::Stopwatch timer(st.props.profile(), &st.profile.copy_seconds);
+    if (st.use_masters) {
+      copy_masters_to_model(st, rec);
+      for (auto& slot : rec.slots) {
+        if (slot.model.defined()) slot.param.mutable_grad() = torch::Tensor();  // as apex: masters' grads dropped
+      }
+    }
+  }
+  if (st.emulate_fp16 && st.model_cast_low && !st.use_masters) {
+    // Emulated pure fp16 (O3): parameters hold only fp16 values, so every update is rounded back.
+    torch::NoGradGuard no_grad;
+    for (auto& t : st.cast_params) t.copy_(precision::round_to_fp16(t));
+  }
+  ++st.profile.steps;
+  return all_stepped;
+}
+
+void Amp::zero_grad() {
+  AmpState& st = *state_;
+  for (auto& rec : st.optimizers) {
+    rec.optimizer->zero_grad();
+    for (auto& slot : rec.slots) {
+      slot.stash = torch::Tensor();
+      if (slot.model.defined()) slot.model.mutable_grad() = torch::Tensor();
+    }
+    rec.has_scaled_grads = false;
+  }
+  // Cast parameters that no optimizer holds must not accumulate scaled grads forever.
+  if (st.use_masters) {
+    for (auto& t : st.cast_params) t.mutable_grad() = torch::Tensor();
+  }
+}
+
+ampp::autocast Amp::autocast() const {
+  const AmpState& st = *state_;
+  const bool active = st.enabled() && (st.props.patch_torch_functions() || st.model_cast_low);
+  if (active) return ampp::autocast(st.device_type, st.low_dtype, true);
+  // O0, casts to FP32, disabled: leave whatever region the caller is in exactly as it is.
+  return ampp::autocast(st.device_type, ampp::autocast_dtype(st.device_type), ampp::is_autocast_enabled(st.device_type));
+}
+
+torch::Tensor Amp::cast_input(const torch::Tensor& input) const {
+  const AmpState& st = *state_;
+  if (!st.enabled() || !st.model_cast_low || !is_floating(input)) return input;
+  detail::Stopwatch timer(st.props.profile(), &state_->profile.cast_seconds);
+  if (st.emulate_fp16) return precision::round_to_fp16(input.to(torch::kFloat));
+  return input.to(*st.cast_type);
+}
+
+torch::Tensor Amp::cast_output(const torch::Tensor& output) const {
+  const AmpState& st = *state_;
+  if (!st.enabled() || !is_floating(output)) return output;
+  c10::optional<c10::ScalarType> target = st.props.cast_model_outputs();
+  if (!target && (st.model_cast_low || st.props.patch_torch_functions())) target = torch::kFloat;
+  if (!target || output.scalar_type() == *target) return output;
+  detail::Stopwatch timer(st.props.profile(), &state_->profile.cast_seconds);
+  return output.to(*target);
+}
+
+std::vector<torch::Tensor> Amp::master_params() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& rec : state_->optimizers) {
+    for (const auto& slot : rec.slots) out.push_back(slot.param);
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> Amp::master_params(const torch::optim::Optimizer& optimizer) const {
+  for (const auto& rec : state_->optimizers) {
+    if (rec.optimizer != &optimizer) continue;
+    std::vector<torch::Tensor> out;
+    for (const auto& slot : rec.slots) out.push_back(slot.param);
+    return out;
+  }
+  TORCH_CHECK(false, "master_params: this optimizer was not passed to ampp::initialize() for this handle.");
+}
+
+void Amp::sync_masters_from_model() {
+  torch::NoGradGuard no_grad;
+  for (auto& rec : state_->optimizers) {
+    for (auto& slot : rec.slots) {
+      if (slot.model.defined()) slot.param.copy_(slot.model);
+    }
+  }
+}
+
+AmpStateDict Amp::state_dict() const {
+  const AmpState& st = *state_;
+  AmpStateDict sd;
+  for (size_t i = 0; i < st.scalers.size(); ++i) {
+    c10::impl::GenericDict scaler(c10::StringType::get(), c10::AnyType::get());
+    scaler.insert("loss_scale", st.scalers[i]->get_scale());
+    scaler.insert("unskipped", st.scalers[i]->get_growth_tracker());
+    sd[fmt::format("loss_scaler{}", i)] = scaler;
+  }
+  if (st.use_masters) {
+    std::vector<torch::Tensor> masters;
+    for (const auto& rec : st.optimizers) {
+      for (const auto& slot : rec.slots) {
+        if (slot.model.defined()) masters.push_back(slot.param.detach());
+      }
+    }
+    sd["master_params"] = masters;
+  }
+  return sd;
+}
+
+void Amp::load_state_dict(const AmpStateDict& state) {
+  AmpState& st = *state_;
+  std::vector<std::string> unexpected;
+  size_t n_scalers = 0;
+  for (const auto& item : state) {
+    const std::string& key = item.first;
+    if (key.rfind("loss_scaler", 0) == 0) {
+      ++n_scalers;
+    } else if (key != "master_params") {
+      unexpected.push_back(key);
+    }
+  }
+  TORCH_CHECK(unexpected.empty(), "Error(s) in loading state_dict. Unexpected key(s) in state_dict: ",
+              c10::Join(", ", unexpected), ". Expected \"loss_scaler<i>\" entries (and \"master_params\" under O2).");
+  if (n_scalers != st.scalers.size()) {
+    TORCH_WARN("Amp::load_state_dict: the state dict has ", n_scalers, " loss scaler(s) while this handle uses ",
+               st.scalers.size(), "; loading the first ", std::min(n_scalers, st.scalers.size()), ".");
+  }
+  for (size_t i = 0; i < std::min(n_scalers, st.scalers.size()); ++i) {
+    const std::string key = fmt::format("loss_scaler{}", i);
+    auto it = state.find(key);
+    TORCH_CHECK(it != state.end() && it->second.isGenericDict(), "Amp::load_state_dict: missing \"", key,
+                "\" (a dict with \"loss_scale\" and \"unskipped\").");
+    auto entry = it->second.toGenericDict();
+    TORCH_CHECK(entry.contains("loss_scale") && entry.contains("unskipped"), "Amp::load_state_dict: \"", key,
+                "\" needs the keys \"loss_scale\" and \"unskipped\".");
+    GradScalerStateDict sd = st.scalers[i]->state_dict();
+    sd["scale"] = entry.at("loss_scale").toDouble();
+    sd["_growth_tracker"] = entry.at("unskipped").toInt();
+    st.scalers[i]->load_state_dict(sd);
+  }
+
+  torch::NoGradGuard no_grad;
+  auto masters_it = state.find("master_params");
+  if (masters_it == state.end()) {
+    // Masters were not saved (apex-style dict): start them from the model's current weights.
+    sync_masters_from_model();
+    return;
+  }
+  TORCH_CHECK(st.use_masters, "Amp::load_state_dict: the state dict holds FP32 master weights, but this handle has "
+              "none (opt level ", to_string(st.props.opt_level()), "). Load it into a handle initialized with O2 / "
+              "master_weights(true), or drop \"master_params\".");
+  const auto masters = masters_it->second.toTensorVector();
+  size_t k = 0;
+  for (auto& rec : st.optimizers) {
+    for (auto& slot : rec.slots) {
+      if (!slot.model.defined()) continue;
+      TORCH_CHECK(k < masters.size(), "Amp::load_state_dict: the state dict has ", masters.size(),
+                  " master weights, fewer than this model's. Was it saved from a different model?");
+      TORCH_CHECK(masters[k].sizes() == slot.param.sizes(), "Amp::load_state_dict: master weight ", k, " has shape ",
+                  masters[k].sizes(), " but the model's parameter has shape ", slot.param.sizes(),
+                  ". Was it saved from a different model?");
+      slot.param.copy_(masters[k++]);
+    }
+    copy_masters_to_model(st, rec);  // model == masters rounded, as after a step
+  }
+  TORCH_CHECK(k == masters.size(), "Amp::load_state_dict: the state dict has ", masters.size(),
+              " master weights but this model has ", k, ". Was it saved from a different model?");
+}
+
+double Amp::loss_scale(int64_t loss_id) const { return scaler(loss_id).get_scale(); }
+
+const GradScaler& Amp::scaler(int64_t loss_id) const {
+  TORCH_CHECK(loss_id >= 0 && loss_id < static_cast<int64_t>(state_->scalers.size()), "loss_id ", loss_id,
+              " is out of range: this handle has ", state_->scalers.size(), " loss scaler(s).");
+  return *state_->scalers[loss_id];
+}
+
+int64_t Amp::skipped_steps() const { return state_->skipped_steps; }
+const Properties& Amp::properties() const { return state_->props; }
+c10::ScalarType Amp::model_storage_dtype() const {
+  const AmpState& st = *state_;
+  if (!st.enabled() || !st.cast_type) return torch::kFloat;
+  return st.emulate_fp16 ? torch::kFloat : *st.cast_type;
+}
+bool Amp::fp16_emulated() const { return state_->emulate_fp16; }
+AmpProfile Amp::profile() const { return state_->profile; }
+
+}  // namespace ampp

@@ -1,0 +1,20 @@
+#pragma once
+// Per-parameter optimizer state follows its parameter when initialize() changes it: keyed by the
+// TensorImpl address in LibTorch, so a master copy needs the entry re-keyed, and a cast parameter
+// needs its state (momentum, Adam moments) in the parameter's dtype.
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+namespace ampp::detail {
+
+/// LibTorch's state key for `param`.
+std::string state_key(const torch::Tensor& param);
+
+/// Moves the state of `from` (if any) to `to` and casts its tensors to to's dtype.
+void move_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& from, const torch::Tensor& to);
+
+/// Casts the state of `param` (if any) to param's dtype (after the parameter itself was cast).
+void cast_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param);
+
+}  // namespace ampp::detail

@@ -1,0 +1,136 @@
+// scale_loss(loss).backward(): apex's scale_loss with-block, on top of ampp::GradScaler.
+//
+// Why every backward unscales at once (instead of once per step as with a bare GradScaler): each
+// loss_id has its own scale, and the scale may change between two backwards of one step, so scaled
+// gradients of different backwards cannot simply be summed. Gradients accumulated earlier (already
+// unscaled, in FP32) are set aside before autograd runs, the new ones are unscaled alone, and the
+// two are added: grad = new / scale + stashed (apex's axpby).
+#include "ampp/amp/state.h"
+
+#include <fmt/core.h>
+
+namespace ampp {
+namespace {
+
+using detail::AmpState;
+using detail::OptimizerRecord;
+
+// Set the already-accumulated gradients aside so the backward's gradients arrive alone.
+void stash_grads(OptimizerRecord& rec) {
+  for (auto& slot : rec.slots) {
+    slot.stash = slot.param.grad();
+    if (slot.stash.defined()) slot.param.mutable_grad() = torch::Tensor();
+  }
+}
+
+// Model grads (low precision, scaled) become the masters' FP32 grads; the model keeps none.
+void move_model_grads_to_masters(OptimizerRecord& rec) {
+  for (auto& slot : rec.slots) {
+    if (!slot.model.defined()) continue;
+    torch::Tensor g = slot.model.grad();
+    if (!g.defined()) continue;
+    // Convert before unscaling: a small fp16 gradient divided by the scale in fp16 would underflow.
+    slot.param.mutable_grad() = g.scalar_type() == torch::kFloat ? g : g.to(torch::kFloat);
+    slot.model.mutable_grad() = torch::Tensor();
+  }
+}
+
+void add_stash_back(OptimizerRecord& rec) {
+  torch::NoGradGuard no_grad;
+  for (auto& slot : rec.slots) {
+    if (!slot.stash.defined()) continue;
+    torch::Tensor g = slot.param.grad();
+    if (g.defined()) {
+      g.add_(slot.stash);
+    } else {
+      slot.param.mutable_grad() = slot.stash;
+    }
+    slot.stash = torch::Tensor();
+  }
+}
+
+bool has_any_grad(const OptimizerRecord& rec) {
+  for (const auto& slot : rec.slots) {
+    if (slot.param.grad().defined()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+ScaledLoss::ScaledLoss(std::shared_ptr<detail::AmpState> state, torch::Tensor scaled, double scale,
+                       ScaleLossOptions options)
+    : state_(std::move(state)), scaled_(std::move(scaled)), scale_(scale), options_(std::move(options)) {}
+
+ScaledLoss Amp::scale_loss(const torch::Tensor& loss, int64_t loss_id) {
+  return scale_loss(loss, ScaleLossOptions().loss_id(loss_id));
+}
+
+ScaledLoss Amp::scale_loss(const torch::Tensor& loss, ScaleLossOptions options) {
+  AmpState& st = *state_;
+  TORCH_CHECK(loss.defined() && loss.numel() == 1, "scale_loss expects a scalar loss (one element)",
+              loss.defined() ? c10::str(", got shape ", loss.sizes()) : std::string(", got an undefined tensor"),
+              ". Reduce it first, e.g. loss.mean().");
+  TORCH_CHECK(options.loss_id() >= 0 && options.loss_id() < st.props.num_losses(), "scale_loss: loss_id ",
+              options.loss_id(), " is out of range: initialize() created ", st.props.num_losses(),
+              " loss scaler(s). Pass Properties().num_losses(n) to initialize() for n losses.");
+  st.records_for(options.optimizers());  // validates the subset early
+  if (!st.use_scaler) return ScaledLoss(state_, loss.to(torch::kFloat), 1.0, std::move(options));
+  detail::Stopwatch timer(st.props.profile(), &st.profile.scaler_seconds);
+  GradScaler& scaler = *st.scalers[options.loss_id()];
+  torch::Tensor scaled = scaler.scale(loss.to(torch::kFloat));
+  return ScaledLoss(state_, std::move(scaled), scaler.get_scale(), std::move(options));
+}
+
+void ScaledLoss::backward(bool retain_graph) {
+  AmpState& st = *state_;
+  if (!st.use_scaler) {  // O0/O3 defaults and disabled: nothing to unscale
+    scaled_.backward({}, retain_graph);
+    return;
+  }
+  const bool prof = st.props.profile();
+  auto records = st.records_for(options_.optimizers());
+  {
+    detail::Stopwatch timer(prof, &st.profile.copy_seconds);
+    for (auto* rec : records) {
+      if (!rec->has_scaled_grads) stash_grads(*rec);
+    }
+  }
+  scaled_.backward({}, retain_graph);
+  if (options_.delay_unscale()) {
+    for (auto* rec : records) rec->has_scaled_grads = true;
+    return;
+  }
+
+  GradScaler& scaler = *st.scalers[options_.loss_id()];
+  st.overflow_seen = false;
+  bool any_checked = false;
+  for (auto* rec : records) {
+    {
+      detail::Stopwatch timer(prof, &st.profile.copy_seconds);
+      move_model_grads_to_masters(*rec);
+    }
+    if (has_any_grad(*rec)) {
+      detail::Stopwatch timer(prof, &st.profile.scaler_seconds);
+      scaler.unscale_(*rec->optimizer);  // fused unscale + inf/NaN check over the new grads only
+      any_checked = true;
+    }
+    detail::Stopwatch timer(prof, &st.profile.copy_seconds);
+    add_stash_back(*rec);
+    rec->has_scaled_grads = false;
+  }
+  if (!any_checked) return;  // the loss reached none of the optimizers' parameters
+  {
+    detail::Stopwatch timer(prof, &st.profile.scaler_seconds);
+    scaler.update();  // apex updates the scale at every scale_loss exit
+  }
+  if (st.overflow_seen) {
+    for (auto* rec : records) rec->skip_next_step = true;
+    if (st.props.verbosity() >= 1) {
+      fmt::print(stderr, "ampp: gradient overflow in loss {}: the next step is skipped, loss scale now {}\n",
+                 options_.loss_id(), scaler.get_scale());
+    }
+  }
+}
+
+}  // namespace ampp

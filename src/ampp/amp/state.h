@@ -1,0 +1,71 @@
+#pragma once
+// The state behind an ampp::Amp handle (shared by the handle's copies and its ScaledLoss objects).
+
+#include <ampp/amp/handle.h>
+#include <ampp/amp/properties.h>
+#include <ampp/grad_scaler.h>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+namespace ampp::detail {
+
+/// One parameter slot of an optimizer, in param-group order.
+struct ParamSlot {
+  torch::Tensor param;  ///< what the optimizer steps: the FP32 master under O2, else the model's parameter
+  torch::Tensor model;  ///< the low-precision model parameter `param` mirrors; undefined if param is its own master
+  torch::Tensor stash;  ///< gradient accumulated before the current backward (apex's stashed grads)
+};
+
+struct OptimizerRecord {
+  torch::optim::Optimizer* optimizer = nullptr;
+  std::vector<ParamSlot> slots;
+  bool skip_next_step = false;    ///< a backward overflowed since the last step
+  bool has_scaled_grads = false;  ///< delay_unscale backward(s) left scaled grads behind
+};
+
+struct AmpState {
+  Properties props;
+  c10::DeviceType device_type = c10::DeviceType::CPU;
+  c10::ScalarType low_dtype = c10::kBFloat16;        ///< autocast / cast dtype (resolved)
+  c10::optional<c10::ScalarType> cast_type;          ///< what the model was cast to (nullopt: not cast)
+  bool model_cast_low = false;                       ///< cast_type is a low-precision type
+  bool emulate_fp16 = false;                         ///< fp16 on CPU: float32 carriers with fp16 values
+  bool use_masters = false;
+  bool use_scaler = false;                           ///< false: static 1.0 and no masters -> plain backward
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<torch::Tensor> cast_params;            ///< model parameters that were cast (or fp16-rounded)
+  std::vector<OptimizerRecord> optimizers;
+  std::vector<std::unique_ptr<GradScaler>> scalers;  ///< one per loss_id
+  bool overflow_seen = false;                        ///< set from inside GradScaler::unscale_
+  int64_t skipped_steps = 0;
+  AmpProfile profile;
+
+  bool enabled() const { return props.enabled(); }
+  /// The records of `subset` (all if empty); throws for an optimizer the handle does not manage.
+  std::vector<OptimizerRecord*> records_for(const std::vector<torch::optim::Optimizer*>& subset);
+};
+
+/// Adds the elapsed time to `*sink` on destruction when `on`.
+class Stopwatch {
+ public:
+  Stopwatch(bool on, double* sink) : sink_(on ? sink : nullptr) {
+    if (sink_) start_ = std::chrono::steady_clock::now();
+  }
+  ~Stopwatch() {
+    if (sink_) sink_[0] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  Stopwatch(const Stopwatch&) = delete;
+  Stopwatch& operator=(const Stopwatch&) = delete;
+
+ private:
+  double* sink_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace ampp::detail

@@ -1,0 +1,195 @@
+// apex's loss scaling on top of ampp::GradScaler: skip on overflow, dynamic/static scale, several
+// losses with their own scales, delayed unscaling for gradient accumulation.
+#include <ampp/initialize.h>
+
+#include "amp/reference_nets.h"
+#include "amp/test_util.h"
+
+#include <torch/torch.h>
+
+using ampp::OptLevel;
+using ampp::Properties;
+using ampp_test::RefCnn;
+
+namespace {
+
+const ampp_test::SyntheticImages& data() {
+  static const auto d = ampp_test::SyntheticImages::make(64, 12, 10, /*seed=*/3);
+  return d;
+}
+
+torch::Tensor cnn_loss(ampp::Amp& amp, RefCnn& net, double factor = 1.0, int64_t start = 0) {
+  auto out = amp.forward(net, data().images.narrow(0, start, 16));
+  return torch::nn::functional::cross_entropy(out, data().labels.narrow(0, start, 16)) * factor;
+}
+
+std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& ts) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : ts) out.push_back(t.detach().clone());
+  return out;
+}
+
+bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST(LossScaling, OverflowSkipsTheStepAndHalvesTheScale) {
+  RefCnn net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto amp = ampp::initialize(net, opt, Properties("O2").verbosity(0));
+  EXPECT_EQ(amp.loss_scale(), 65536.0);  // apex LossScaler: 2^16
+
+  const auto model_before = snapshot(net->parameters());
+  const auto masters_before = snapshot(amp.master_params(opt));
+  amp.scale_loss(cnn_loss(amp, net, /*factor=*/1e36)).backward();  // 1e36 * 2^16 overflows float32
+  EXPECT_FALSE(amp.step());
+  EXPECT_EQ(amp.skipped_steps(), 1);
+  EXPECT_EQ(amp.loss_scale(), 32768.0);
+  EXPECT_TRUE(all_equal(snapshot(net->parameters()), model_before));
+  EXPECT_TRUE(all_equal(snapshot(amp.master_params(opt)), masters_before));
+  EXPECT_TRUE(opt.state().empty());  // no momentum was created from inf gradients
+  for (const auto& m : amp.master_params(opt)) EXPECT_FALSE(m.grad().defined());
+
+  amp.zero_grad();
+  amp.scale_loss(cnn_loss(amp, net)).backward();
+  EXPECT_TRUE(amp.step());
+  EXPECT_EQ(amp.skipped_steps(), 1);
+  EXPECT_EQ(amp.loss_scale(), 32768.0);
+  EXPECT_FALSE(all_equal(snapshot(net->parameters()), model_before));
+}
+
+TEST(LossScaling, StaticScaleStaysPut) {
+  RefCnn net;
+  torch::optim::SGD opt(net->parameters(), 0.05);
+  auto amp = ampp::initialize(net, opt, Properties("O2").loss_scale(128.0).verbosity(0));
+  EXPECT_EQ(amp.loss_scale(), 128.0);
+  for (int i = 0; i < 3; ++i) {
+    amp.zero_grad();
+    auto scaled = amp.scale_loss(cnn_loss(amp, net));
+    EXPECT_EQ(scaled.scale(), 128.0);
+    scaled.backward();
+    EXPECT_TRUE(amp.step());
+  }
+  // An overflow is still skipped (ampp never applies an inf update), but the static scale stays.
+  const auto before = snapshot(net->parameters());
+  amp.zero_grad();
+  amp.scale_loss(cnn_loss(amp, net, 1e38)).backward();
+  EXPECT_FALSE(amp.step());
+  EXPECT_EQ(amp.loss_scale(), 128.0);
+  EXPECT_TRUE(all_equal(snapshot(net->parameters()), before));
+}
+
+// apex: x2 after 2000 consecutive clean backwards, capped at max_loss_scale; floor at min_loss_scale.
+TEST(LossScaling, DynamicGrowthCapAndFloor) {
+  at::set_num_threads(1);
+  auto lin = torch::nn::Linear(2, 1);
+  torch::optim::SGD opt(lin->parameters(), 1e-6);
+  auto run = [&](Properties props, int steps, double factor) {
+    auto amp = ampp::initialize(lin.ptr(), opt, props.verbosity(0));
+    const auto x = torch::ones({1, 2});
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      amp.scale_loss(lin(x).sum() * factor).backward();
+      amp.step();
+    }
+    return amp.loss_scale();
+  };
+  EXPECT_EQ(run(Properties("O1"), 1999, 1.0), 65536.0);
+  EXPECT_EQ(run(Properties("O1"), 2000, 1.0), 131072.0);
+  EXPECT_EQ(run(Properties("O1").max_loss_scale(65536.0), 2000, 1.0), 65536.0);
+  EXPECT_EQ(run(Properties("O1").max_loss_scale(1024.0), 0, 1.0), 1024.0);  // init = min(2^16, max)
+  EXPECT_EQ(run(Properties("O1").min_loss_scale(16384.0), 5, 1e38), 16384.0);
+  EXPECT_EQ(run(Properties("O1"), 5, 1e38), 2048.0);  // 2^16 / 2^5, no floor
+}
+
+// Two losses with their own scalers (num_losses = 2) and different scales: gradients still combine
+// exactly as new / scale + stashed. O0 with a dynamic scale keeps everything FP32, so the result can
+// be compared bit for bit with plain autograd.
+TEST(LossScaling, SeveralLossesWithTheirOwnScales) {
+  at::set_num_threads(1);
+  torch::manual_seed(4);
+  RefCnn net, ref;
+  {
+    torch::NoGradGuard no_grad;
+    auto src = net->parameters(), dst = ref->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  auto amp = ampp::initialize(net, opt, Properties("O0").loss_scale("dynamic").num_losses(2).verbosity(0));
+  // Make loss 1's scale differ: one overflowing backward halves it.
+  amp.scale_loss(cnn_loss(amp, net, 1e38), 1).backward();
+  EXPECT_FALSE(amp.step());
+  EXPECT_EQ(amp.loss_scale(0), 65536.0);
+  EXPECT_EQ(amp.loss_scale(1), 32768.0);
+
+  amp.zero_grad();
+  amp.scale_loss(cnn_loss(amp, net, 1.0, 0), 0).backward();
+  amp.scale_loss(cnn_loss(amp, net, 0.5, 16), 1).backward();
+  auto ref_loss = torch::nn::functional::cross_entropy(ref->forward(data().images.narrow(0, 0, 16)),
+                                                       data().labels.narrow(0, 0, 16)) +
+                  torch::nn::functional::cross_entropy(ref->forward(data().images.narrow(0, 16, 16)),
+                                                       data().labels.narrow(0, 16, 16)) * 0.5;
+  ref_loss.backward();
+  const auto got = net->parameters(), want = ref->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-7)) << i;
+  }
+}
+
+TEST(LossScaling, DelayUnscaleAccumulatesMicroBatches) {
+  at::set_num_threads(1);
+  torch::manual_seed(6);
+  RefCnn net, ref;
+  {
+    torch::NoGradGuard no_grad;
+    auto src = net->parameters(), dst = ref->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  auto amp = ampp::initialize(net, opt, Properties("O0").loss_scale("dynamic").verbosity(0));
+  amp.scale_loss(cnn_loss(amp, net, 1.0, 0), ampp::ScaleLossOptions().delay_unscale(true)).backward();
+  AMPP_EXPECT_THROW_WITH(amp.step(), "still scaled");
+  amp.scale_loss(cnn_loss(amp, net, 1.0, 16)).backward();
+  for (int s = 0; s < 2; ++s) {
+    torch::nn::functional::cross_entropy(ref->forward(data().images.narrow(0, 16 * s, 16)),
+                                         data().labels.narrow(0, 16 * s, 16))
+        .backward();
+  }
+  const auto got = net->parameters(), want = ref->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-7)) << i;
+  }
+  EXPECT_EQ(amp.scaler().get_growth_tracker(), 1);  // one scale update for the two micro-batches
+  EXPECT_TRUE(amp.step());
+}
+
+TEST(LossScaling, O0AndO3DefaultsDoNotScale) {
+  for (const char* level : {"O0", "O3"}) {
+    RefCnn net;
+    torch::optim::SGD opt(net->parameters(), 0.1);
+    auto amp = ampp::initialize(net, opt, Properties(level).verbosity(0));
+    auto scaled = amp.scale_loss(cnn_loss(amp, net));
+    EXPECT_EQ(scaled.scale(), 1.0) << level;
+    EXPECT_EQ(scaled.tensor().scalar_type(), torch::kFloat) << level;
+    scaled.backward();
+    EXPECT_TRUE(amp.step()) << level;
+  }
+}
+
+TEST(LossScaling, O1RunsTheForwardUnderAutocast) {
+  RefCnn net;
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  auto amp = ampp::initialize(net, opt, Properties("O1").verbosity(0));
+  {
+    auto region = amp.autocast();
+    EXPECT_EQ(net->fc(torch::ones({2, 144})).scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(net->fc(torch::ones({2, 144})).scalar_type(), torch::kFloat);
+  EXPECT_EQ(amp.forward(net, data().images.narrow(0, 0, 4)).scalar_type(), torch::kFloat);  // output cast back
+}
