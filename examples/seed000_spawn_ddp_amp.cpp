@@ -1,0 +1,137 @@
+// Seed 000 ported to ampp: mp.spawn + DistributedDataParallel + autocast + GradScaler + StepLR +
+// a rank-0 checkpoint per epoch. Data: ampp's seeded synthetic 28x28 set (no GPU, no ImageNet here).
+//
+// Python (seed 000)                                        C++ (below)
+// torch.multiprocessing.spawn(main_worker, nprocs=n,       ampp::dist::spawn(main_worker, n, n, args)
+//                             args=(n, args))
+// args.rank = args.rank * ngpus_per_node + gpu             args.rank = args.node_rank * ngpus_per_node + gpu
+// dist.init_process_group(backend, init_method=dist_url,   ampp::dist::init_process_group(InitOptions()
+//                         world_size, rank)                  .init_method(dist_url).world_size(..).rank(..))
+// args.batch_size = int(args.batch_size / ngpus_per_node)  batch_size = args.batch_size / ngpus_per_node
+// model = DistributedDataParallel(model, device_ids=[gpu]) ampp::dist::DistributedDataParallel ddp(model)
+// optimizer = SGD(params, 0.1, momentum=0.9, wd=1e-4)      torch::optim::SGD(..., SGDOptions(0.1)...)
+// scheduler = StepLR(optimizer, step_size=30, gamma=0.1)   torch::optim::StepLR scheduler(opt, 30, 0.1)
+// train_sampler = DistributedSampler(train_dataset)        ampp::dist::DistributedSampler train_sampler(n)
+// torch_scaler = torch.cuda.amp.GradScaler()               ampp::GradScaler torch_scaler
+// train_sampler.set_epoch(epoch)                           train_sampler.set_epoch(epoch)
+// with torch.cuda.amp.autocast(): output = model(images)   { ampp::autocast guard(kCPU, dtype); ... }
+// torch_scaler.scale(loss).backward()                      torch_scaler.scale(loss).backward()
+// torch_scaler.step(optimizer); torch_scaler.update()      torch_scaler.step(optimizer); ...update()
+// scheduler.step()                                         scheduler.step()
+// if rank % ngpus_per_node == 0: torch.save(model.module.  if (rank % ngpus_per_node == 0)
+//     state_dict(), 'checkpoint.pth.tar')                      save_checkpoint(...) (atomic)
+#include <ampp/ampp.h>
+#include <ampp/train/batches.h>
+#include <ampp/train/checkpoint.h>
+#include <ampp/train/dataset.h>
+#include <ampp/train/models.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+namespace {
+
+struct Args {
+  int64_t batch_size = 256;  // total over the node's processes, as in the seed
+  int64_t epochs = 2;
+  int64_t steps = 0;  // 0: whole epochs
+  uint64_t seed = 20;
+  std::string dist_url = "tcp://127.0.0.1:23456";
+  int world_size = 1;  // number of nodes, then processes
+  int node_rank = 0;
+  int nprocs = 2;
+  std::string dtype = "bf16";
+  std::string checkpoint = "seed000_checkpoint.pt";
+};
+
+void main_worker(int gpu, int ngpus_per_node, Args args) {
+  torch::manual_seed(args.seed);
+  const int rank = args.node_rank * ngpus_per_node + gpu;  // global rank
+  auto pg = ampp::dist::init_process_group(ampp::dist::InitOptions()
+                                               .init_method(args.dist_url)
+                                               .world_size(args.world_size)
+                                               .rank(rank));
+  auto data = ampp::train::make_synthetic(ampp::train::SyntheticOptions().seed(args.seed));
+  auto model = ampp::train::make_model("cnn");
+  const int64_t batch_size = args.batch_size / ngpus_per_node;  // per-process batch
+  ampp::dist::DistributedDataParallel ddp(model, pg);
+
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::SGD optimizer(ddp.parameters(),
+                              torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
+  torch::optim::StepLR scheduler(optimizer, /*step_size=*/30, /*gamma=*/0.1);
+  ampp::dist::DistributedSampler train_sampler(data.train.size(), pg);
+  ampp::GradScaler torch_scaler;
+  const auto dtype = args.dtype == "fp16" ? torch::kHalf : torch::kBFloat16;
+
+  double first_loss = -1, last_loss = 0;
+  for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
+    train_sampler.set_epoch(epoch);  // a different shard order every epoch, same on every rank
+    const auto shard = train_sampler.indices();
+    ampp::train::BatchIterator train_loader(data.train, {shard.begin(), shard.end()}, batch_size,
+                                            /*drop_last=*/true);
+    model->train();
+    int64_t i = 0;
+    while (auto batch = train_loader.next()) {
+      if (args.steps > 0 && i++ >= args.steps) break;
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        ampp::autocast guard(torch::kCPU, dtype);
+        auto output = ddp.forward(batch->data);
+        loss = criterion(output, batch->target);
+      }
+      torch_scaler.scale(loss).backward();
+      torch_scaler.step(optimizer);
+      torch_scaler.update();
+      if (first_loss < 0) first_loss = loss.item<double>();
+      last_loss = loss.item<double>();
+    }
+    scheduler.step();
+    if (rank % ngpus_per_node == 0) {
+      torch::serialize::OutputArchive archive;
+      model->save(archive);
+      ampp::train::save_checkpoint(archive, args.checkpoint);  // atomic: never half-written
+      fmt::print("epoch {}: loss {:.4f}, scale {}, checkpoint {}\n", epoch, last_loss,
+                 torch_scaler.get_scale(), args.checkpoint);
+    }
+  }
+  // Every rank must hold the same weights after DDP training.
+  std::vector<torch::Tensor> flat_params;
+  for (const auto& p : ddp.parameters()) flat_params.push_back(p.detach().flatten());
+  auto flat = torch::cat(flat_params).to(torch::kFloat64);
+  std::vector<torch::Tensor> gathered{flat.clone()};
+  pg.c10d()->allreduce(gathered, c10d::AllreduceOptions{c10d::ReduceOp::MAX})->wait();
+  TORCH_CHECK(torch::equal(gathered[0], flat), "rank ", rank, ": parameters differ across ranks");
+  TORCH_CHECK(last_loss < first_loss, "rank ", rank, ": loss did not fall (", first_loss, " -> ",
+              last_loss, ")");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{"seed 000: spawn + DDP + autocast + GradScaler + StepLR + rank-0 checkpoint"};
+  app.add_option("--batch-size", args.batch_size, "total batch size of the node")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", args.epochs)->check(CLI::PositiveNumber);
+  app.add_option("--steps", args.steps, "steps per epoch (0: whole epoch)")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", args.seed);
+  app.add_option("--dist-url", args.dist_url, "tcp://host:port used to set up distributed training");
+  app.add_option("--world-size", args.world_size, "number of nodes")->check(CLI::PositiveNumber);
+  app.add_option("--rank", args.node_rank, "node rank")->check(CLI::NonNegativeNumber);
+  app.add_option("--nprocs", args.nprocs, "processes per node (the seed's GPU count)")->check(CLI::PositiveNumber);
+  app.add_option("--dtype", args.dtype)->check(CLI::IsMember({"bf16", "fp16"}));
+  app.add_option("--checkpoint", args.checkpoint);
+  CLI11_PARSE(app, argc, argv);
+
+  const int ngpus_per_node = args.nprocs;
+  args.world_size = ngpus_per_node * args.world_size;  // total processes
+  try {
+    ampp::dist::spawn(main_worker, ngpus_per_node, ngpus_per_node, args);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "seed000: {}\n", e.what());
+    return 1;
+  }
+  fmt::print("seed000: {} processes trained, ranks agree\n", args.world_size);
+  return 0;
+}
