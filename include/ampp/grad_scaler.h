@@ -91,6 +91,13 @@ using GradScalerStateDict = std::map<std::string, c10::IValue>;
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
+  /// Copies are independent (the scale and tracker tensors are cloned, not shared); per-iteration
+  /// optimizer stages are copied too.
+  GradScaler(const GradScaler& other);
+  GradScaler& operator=(const GradScaler& other);
+  GradScaler(GradScaler&&) noexcept = default;
+  GradScaler& operator=(GradScaler&&) noexcept = default;
+  ~GradScaler() = default;
 
   // ---- PyTorch API ----
   /// Returns `outputs * scale` (out of place). Lazily creates the scale on outputs' device.

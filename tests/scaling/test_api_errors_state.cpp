@@ -227,4 +227,20 @@ TEST(StateDict, ArchiveRoundTripKeepsPolicyState) {
   EXPECT_EQ(b.get_scale(), 64.0);  // 32 after the backoff, then one growth
 }
 
+TEST(Copy, CopiesAreIndependent) {
+  GradScaler a(GradScalerOptions().init_scale(8).growth_interval(3));
+  trajectory(a, "FF");  // scale 8, tracker 2
+  GradScaler b = a;
+  EXPECT_EQ(trajectory(b, "F").back(), (ampp_test::Point{16, 0}));
+  EXPECT_EQ(a.get_scale(), 8.0);  // untouched by b's growth
+  EXPECT_EQ(a.get_growth_tracker(), 2);
+  GradScaler c;
+  c = b;
+  trajectory(c, "N");
+  EXPECT_EQ(c.get_scale(), 8.0);
+  EXPECT_EQ(b.get_scale(), 16.0);
+  GradScaler moved = std::move(c);
+  EXPECT_EQ(moved.get_scale(), 8.0);
+}
+
 }  // namespace

@@ -58,6 +58,30 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options))
   hysteresis_tracker_ = options_.hysteresis();
 }
 
+GradScaler::GradScaler(const GradScaler& other) { *this = other; }
+
+GradScaler& GradScaler::operator=(const GradScaler& other) {
+  if (this == &other) return *this;
+  options_ = other.options_;
+  // torch::Tensor copies share storage; a copied scaler must not update the original's scale.
+  scale_ = other.scale_.defined() ? other.scale_.clone() : torch::Tensor();
+  growth_tracker_ = other.growth_tracker_.defined() ? other.growth_tracker_.clone() : torch::Tensor();
+  init_growth_tracker_ = other.init_growth_tracker_;
+  per_optimizer_states_.clear();
+  for (const auto& [opt, st] : other.per_optimizer_states_) {
+    PerOptimizerState copy;
+    copy.stage = st.stage;
+    for (const auto& [dev, f] : st.found_inf_per_device) copy.found_inf_per_device.emplace(dev, f.clone());
+    per_optimizer_states_.emplace(opt, std::move(copy));
+  }
+  reducer_ = other.reducer_;
+  found_inf_last_step_ = other.found_inf_last_step_;
+  skipped_steps_ = other.skipped_steps_;
+  hysteresis_tracker_ = other.hysteresis_tracker_;
+  min_scale_overflows_ = other.min_scale_overflows_;
+  return *this;
+}
+
 void GradScaler::check_scale_growth_tracker(const char* funcname) const {
   const char* fix = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration.";
   TORCH_CHECK(scale_.defined(), "Attempted ", funcname, " but _scale is None.  ", fix);
