@@ -119,20 +119,28 @@ TEST_F(Bf16Compute, ConvolutionMatchesFp32Reference) {
   EXPECT_TRUE(torch::equal(x.grad(), x32.grad().to(torch::kBFloat16)));
 }
 
-// The activations autograd keeps for backward are the bf16 ones, not fp32 copies.
-TEST_F(Bf16Compute, BackwardKeepsOnlyBf16Activations) {
+// Autograd keeps the operands as stored (bf16 activations, fp32 weights), no cast copies, in both
+// compute modes.
+TEST_F(Bf16Compute, BackwardKeepsOnlyStoredOperands) {
+  for (auto mode : {ampp::Bf16Compute::fp32, ampp::Bf16Compute::native}) {
   auto x = torch::randn({4, 8}).to(torch::kBFloat16).requires_grad_();
   auto w = torch::randn({8, 8}, torch::requires_grad());
   torch::Tensor y;
   {
-    ampp::autocast guard(torch::kCPU, torch::kBFloat16, true, fp32_compute());
+    ampp::autocast guard(torch::kCPU, torch::kBFloat16, true, ampp::AutocastOptions().bf16_compute(mode));
     y = torch::mm(x, w);
   }
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
   // The only node between y and the leaves is ampp's function: no ToCopyBackward (an upcast recorded
   // by autograd, which would save an fp32 copy) in between.
   const auto& edges = y.grad_fn()->next_edges();
   ASSERT_EQ(edges.size(), 2u);  // a and b (no bias)
   for (const auto& e : edges) EXPECT_EQ(e.function->name(), "torch::autograd::AccumulateGrad");
+  y.backward(torch::ones({4, 8}).to(torch::kBFloat16));
+  // d(x @ w)/dw with an all-ones gradient: column sums of x, each repeated over the 8 columns.
+  const auto expected = x.detach().to(torch::kFloat).sum(0).unsqueeze(1).expand({8, 8});
+  EXPECT_TRUE(torch::allclose(w.grad(), expected, 2e-2, 2e-2)) << ampp::to_string(mode);
+  }
 }
 
 TEST_F(Bf16Compute, TrainsAnMlpLikeFp32) {

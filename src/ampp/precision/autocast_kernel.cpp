@@ -98,48 +98,53 @@ std::vector<int64_t> expand(const c10::IValue& v, size_t spatial) {
 
 // conv{1,2,3}d(input, weight, bias, stride, padding, dilation, groups) as aten::convolution, with
 // the unbatched form (input without batch dimension) handled as conv*d does.
-at::Tensor conv_fp32_compute(const c10::IValue* args) {
+at::Tensor conv_stored_operands(const c10::IValue* args, at::ScalarType compute) {
   at::Tensor x = args[0].toTensor();
   const at::Tensor& w = args[1].toTensor();
   const size_t spatial = static_cast<size_t>(w.dim() - 2);
   const bool unbatched = x.dim() == w.dim() - 1;
   if (unbatched) x = x.unsqueeze(0);
-  at::Tensor out = fp32_compute_convolution(x, w, opt_tensor(args[2]), expand(args[3], spatial),
+  at::Tensor out = stored_operand_convolution(x, w, opt_tensor(args[2]), expand(args[3], spatial),
                                             expand(args[4], spatial), expand(args[5], spatial), false,
-                                            std::vector<int64_t>(spatial, 0), args[6].toInt());
+                                            std::vector<int64_t>(spatial, 0), args[6].toInt(), compute);
   return unbatched ? out.squeeze(0) : out;
 }
 
-// Bf16Compute::fp32 for a lower-precision op. Returns after leaving the result on the stack.
-void lower_with_fp32_compute(const std::string& key, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                             Stack* stack, size_t n) {
+// A lower-precision op under CPU bf16 with `compute` = kFloat (Bf16Compute::fp32) or kBFloat16
+// (native). GEMMs/convolutions go through ampp's stored-operand autograd functions; returns with the
+// result on the stack, or false if the op is not one of those (caller casts as usual).
+bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack,
+                size_t n, at::ScalarType compute) {
   auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
   auto eligible_arg = [&](size_t i) { return args[i].isTensor() && eligible(args[i].toTensor()); };
   at::Tensor out;
   if ((key == "mm" || key == "bmm") && eligible_arg(0) && eligible_arg(1)) {
-    out = fp32_compute_gemm(at::Tensor(), args[0].toTensor(), args[1].toTensor(), 0.0, 1.0, key == "bmm");
+    out = stored_operand_gemm(c10::nullopt, args[0].toTensor(), args[1].toTensor(), 0.0, 1.0, key == "bmm", compute);
   } else if ((key == "addmm" || key == "baddbmm") && eligible_arg(0) && eligible_arg(1) && eligible_arg(2)) {
-    out = fp32_compute_gemm(args[0].toTensor(), args[1].toTensor(), args[2].toTensor(), args[3].toScalar().toDouble(),
-                            args[4].toScalar().toDouble(), key == "baddbmm");
+    out = stored_operand_gemm(args[0].toTensor(), args[1].toTensor(), args[2].toTensor(), args[3].toScalar().toDouble(),
+                              args[4].toScalar().toDouble(), key == "baddbmm", compute);
   } else if (key == "linear" && eligible_arg(0) && eligible_arg(1)) {
-    out = fp32_compute_linear(args[0].toTensor(), args[1].toTensor(), opt_tensor(args[2]));
+    out = stored_operand_linear(args[0].toTensor(), args[1].toTensor(), opt_tensor(args[2]), compute);
   } else if ((key == "conv1d" || key == "conv2d" || key == "conv3d") && eligible_arg(0) && eligible_arg(1)) {
-    out = conv_fp32_compute(&args[0]);
+    out = conv_stored_operands(&args[0], compute);
   } else if (key == "matmul") {
     // A composite op: let it decompose, with autocast still on, into the mm/bmm handled above.
     op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastCPU),
                        stack);
-    return;
+    return true;
+  } else if (compute == at::kBFloat16) {
+    return false;
   } else {
     // Anything else (addbmm, conv*d.padding, conv_tbc, user-registered ops): upcast, compute, store bf16. Correct, but
     // autograd keeps the fp32 copies it needs for backward.
     map_tensors(*stack, n, [](const at::Tensor& t) { return t.to(at::kFloat); });
     call_without_autocast(op, stack);
     map_tensors(*stack, op.schema().returns().size(), [](const at::Tensor& t) { return t.to(at::kBFloat16); });
-    return;
+    return true;
   }
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(out));
+  return true;
 }
 
 void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack) {
@@ -172,7 +177,8 @@ void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
         map_tensors(*stack, op.schema().returns().size(), [](const at::Tensor& t) { return round_to_fp16(t); });
         return;
       }
-      if (fp32_compute) return lower_with_fp32_compute(key, op, ks, stack, n);
+      if (lower == at::kBFloat16 && lower_bf16(key, op, ks, stack, n, fp32_compute ? at::kFloat : at::kBFloat16))
+        return;
       map_tensors(*stack, n, [lower](const at::Tensor& t) {
         return at::autocast::cached_cast(lower, t, c10::DeviceType::CPU);
       });
