@@ -94,8 +94,8 @@ TEST_F(AutocastGuard, ConstructorErrorLeavesStateUntouched) {
 }
 
 // Casts of fp32 leaves (weights) are cached within a region: the same autograd node feeds every use.
-// fp16 emulation caches its rounded weights; under bf16, GEMMs/convolutions keep no cast copy at all
-// (see docs/precision.md), so the cache is observed through addbmm, which uses LibTorch's cache.
+// fp16 emulation caches its rounded weights, native bf16 uses LibTorch's cache (observed through
+// addbmm here; Bf16Compute::fp32 keeps no cast copies of weights at all).
 TEST_F(AutocastGuard, WeightCastCachedWithinRegionAndClearedAtOutermostExit) {
   auto w = torch::randn({2, 4, 3}, torch::requires_grad());
   auto x = torch::randn({2, 3, 4});

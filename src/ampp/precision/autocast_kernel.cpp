@@ -177,8 +177,9 @@ void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
         map_tensors(*stack, op.schema().returns().size(), [](const at::Tensor& t) { return round_to_fp16(t); });
         return;
       }
-      if (lower == at::kBFloat16 && lower_bf16(key, op, ks, stack, n, fp32_compute ? at::kFloat : at::kBFloat16))
-        return;
+      // Native bf16 uses plain (cached) casts like LibTorch: measured faster and no larger than routing
+      // it through the stored-operand functions (docs/precision.md).
+      if (fp32_compute && lower_bf16(key, op, ks, stack, n, at::kFloat)) return;
       map_tensors(*stack, n, [lower](const at::Tensor& t) {
         return at::autocast::cached_cast(lower, t, c10::DeviceType::CPU);
       });
