@@ -223,7 +223,7 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
     gp << "set output " << quoted(png_sc.string()) << "\n"
        << "set title 'loss scale over steps (" << n_skipped << " skipped steps marked)'\n"
        << "set xlabel 'step'\nset ylabel 'loss scale'\nset logscale y 2\nset format y '2^{%L}'\nset key top right\n"
-       << "set offsets 0, 0, graph 0.1, graph 0.1\n"
+       << "set offsets graph 0.01, 0, graph 0.1, graph 0.1\n"
        << "plot " << quoted(d + "steps.dat") << " using 1:2 with steps lw 2 title 'loss scale'"
        << (n_skipped > 0 ? ", " + quoted(d + "skipped.dat") + " using 1:2 with points pt 6 ps 1.5 lc rgb 'red' title 'skipped step (inf/NaN gradients)'" : "")
        << "\nunset logscale y\nset format y '%g'\nset offsets 0, 0, 0, 0\nset key bottom right\n"

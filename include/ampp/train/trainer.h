@@ -1,0 +1,71 @@
+#pragma once
+// The training loop behind `ampp train`: one worker's share of a (possibly distributed)
+// mixed-precision run with checkpoints, metrics and exact resume.
+//
+// Per step (the seeds' loop, through ampp::initialize so every opt level shares one path):
+//   opt.zero_grad()  ->  loss = criterion(amp.forward(ddp, x), y)   (autocast / cast model)
+//   amp.scale_loss(loss).backward()   (DDP allreduces during backward; masters get unscaled grads;
+//                                      overflow -> the step is skipped and the scale backs off)
+//   clip_grad_norm_(amp.master_params(), c)   (true gradients: after unscale, as seed 003)
+//   amp.step()                        (steps FP32 masters under O2, copies back)
+// and StepLR once per epoch (seed 000).
+#include <ampp/train/metrics.h>
+
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+
+namespace ampp::train {
+
+struct TrainOptions {
+  TORCH_ARG(std::string, model) = "cnn";
+  // "" = Fashion-MNIST from dataset-fashion-mnist, "synthetic[:N]", or an MNIST-format folder.
+  TORCH_ARG(std::string, data) = "";
+  TORCH_ARG(std::string, opt_level) = "O1";
+  TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Half;
+  // "dynamic" or a positive number (static scale).
+  TORCH_ARG(std::string, loss_scale) = "dynamic";
+  // Global batch; each of W workers takes batch_size / W (integer division, as seed 000).
+  TORCH_ARG(int64_t, batch_size) = 128;
+  TORCH_ARG(int64_t, epochs) = 3;
+  // Stop after this many optimizer iterations in total (0 = no limit).
+  TORCH_ARG(int64_t, steps) = 0;
+  TORCH_ARG(double, lr) = 0.05;
+  TORCH_ARG(double, momentum) = 0.9;
+  TORCH_ARG(double, weight_decay) = 1e-4;
+  // StepLR(step_size = lr_step epochs, gamma); 0 = constant lr.
+  TORCH_ARG(int64_t, lr_step) = 0;
+  TORCH_ARG(double, lr_gamma) = 0.1;
+  // clip_grad_norm_ on the (unscaled) master gradients; 0 = off.
+  TORCH_ARG(double, clip_grad_norm) = 0.0;
+  TORCH_ARG(uint64_t, seed) = 0;
+  TORCH_ARG(bool, deterministic) = false;
+  // Intra-op threads per worker; 0 = OMP_NUM_THREADS if set, else cores / local workers.
+  TORCH_ARG(int, threads) = 0;
+  // "" = no checkpoints. Written every epoch and every checkpoint_every steps (0 = per epoch only).
+  TORCH_ARG(std::string, checkpoint_dir) = "";
+  TORCH_ARG(int64_t, checkpoint_every) = 0;
+  TORCH_ARG(bool, resume) = false;
+  // metrics.jsonl, summary.json, params.pt and the PNG plots go here.
+  TORCH_ARG(std::string, out) = "ampp-train-out";
+  // A step record every log_every steps (and for every skipped step).
+  TORCH_ARG(int64_t, log_every) = 10;
+  TORCH_ARG(bool, plots) = true;
+  // Progress output on rank 0 (false for quiet tests).
+  TORCH_ARG(bool, progress) = true;
+};
+
+// Throws c10::Error naming the bad option and the fix.
+void validate(const TrainOptions& options);
+
+// The checkpoint file inside checkpoint_dir.
+std::string checkpoint_path(const TrainOptions& options);
+
+// Runs this process's part of the training. Distributed when WORLD_SIZE > 1 in the
+// environment (RANK, MASTER_ADDR, ... as set by `ampp run` / the launcher / torchrun).
+// Returns the summary (identical on every rank for the globally reduced numbers).
+Summary train(const TrainOptions& options);
+
+}  // namespace ampp::train
