@@ -83,8 +83,6 @@ void banned_error(const std::string& key) {
               "run it in fp32).");
 }
 
-std::vector<int64_t> int_list(const c10::IValue& v) { return v.toIntVector(); }
-
 c10::optional<at::Tensor> opt_tensor(const c10::IValue& v) {
   return v.isNone() ? c10::nullopt : c10::optional<at::Tensor>(v.toTensor());
 }
