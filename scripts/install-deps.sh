@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache git pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libsleef-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
   dataset-fashion-mnist gnuplot-nox iproute2 procps
 )
