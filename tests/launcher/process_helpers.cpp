@@ -57,48 +57,83 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-RunResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                      std::chrono::milliseconds timeout, const std::function<void(pid_t)>& during) {
-  TempDir dir;
-  const std::string out_path = dir.file("stdout"), err_path = dir.file("stderr");
+namespace {
+
+// A started command: its pid, start time and output files.
+struct Started {
+  pid_t pid = -1;
+  Clock::time_point start;
+  std::string out_path, err_path;
+};
+
+Started start_command(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                      const TempDir& dir, const std::string& tag) {
+  Started s;
+  s.out_path = dir.file("stdout." + tag);
+  s.err_path = dir.file("stderr." + tag);
   std::vector<char*> args, envp;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-
-  const auto start = Clock::now();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
+  s.start = Clock::now();
+  s.pid = ::fork();
+  if (s.pid == 0) {
     ::setpgid(0, 0);  // so a timeout can kill the command and everything it started
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int out = ::open(s.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(s.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(out, 1);
     ::dup2(err, 2);
     ::execve(args[0], args.data(), envp.data());
     ::_exit(127);
   }
-  if (pid < 0) throw std::runtime_error("fork failed");
-  ::setpgid(pid, pid);
-  if (during) during(pid);
+  if (s.pid < 0) throw std::runtime_error("fork failed");
+  ::setpgid(s.pid, s.pid);
+  return s;
+}
 
+// Waits for a started command until `deadline`; then SIGKILLs its process group.
+RunResult finish_command(const Started& s, Clock::time_point deadline) {
   RunResult result;
-  const auto deadline = start + timeout;
   while (true) {
-    const pid_t r = ::waitpid(pid, &result.status, WNOHANG);
-    if (r == pid) break;
+    const pid_t r = ::waitpid(s.pid, &result.status, WNOHANG);
+    if (r == s.pid) break;
     if (Clock::now() >= deadline) {
       result.timed_out = true;
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &result.status, 0);
+      ::kill(-s.pid, SIGKILL);
+      ::waitpid(s.pid, &result.status, 0);
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  result.out = read_file(out_path);
-  result.err = read_file(err_path);
+  result.seconds = std::chrono::duration<double>(Clock::now() - s.start).count();
+  result.out = read_file(s.out_path);
+  result.err = read_file(s.err_path);
   return result;
+}
+
+}  // namespace
+
+RunResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                      std::chrono::milliseconds timeout, const std::function<void(pid_t)>& during) {
+  TempDir dir;
+  const Started s = start_command(argv, env, dir, "0");
+  if (during) during(s.pid);
+  return finish_command(s, s.start + timeout);
+}
+
+std::vector<RunResult> run_commands(const std::vector<std::vector<std::string>>& argvs,
+                                    const std::vector<std::string>& env,
+                                    std::chrono::milliseconds timeout) {
+  TempDir dir;
+  std::vector<Started> started;
+  for (size_t i = 0; i < argvs.size(); ++i) {
+    started.push_back(start_command(argvs[i], env, dir, std::to_string(i)));
+  }
+  std::vector<RunResult> results;
+  const auto deadline = Clock::now() + timeout;
+  for (const Started& s : started) results.push_back(finish_command(s, deadline));
+  return results;
 }
 
 bool process_alive(pid_t pid) {

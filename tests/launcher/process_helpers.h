@@ -45,6 +45,12 @@ RunResult run_command(const std::vector<std::string>& argv, const std::vector<st
                       std::chrono::milliseconds timeout,
                       const std::function<void(pid_t)>& during = {});
 
+// Runs several commands at the same time (each as run_command without `during`) and returns
+// their results in order: independent checks then cost one process start-up, not N.
+std::vector<RunResult> run_commands(const std::vector<std::vector<std::string>>& argvs,
+                                    const std::vector<std::string>& env,
+                                    std::chrono::milliseconds timeout);
+
 // Alive = exists and is not a zombie (a zombie re-parented to a non-reaping init counts as gone).
 bool process_alive(pid_t pid);
 
