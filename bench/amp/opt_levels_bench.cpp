@@ -154,7 +154,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
       res.ms = r.GetAdjustedRealTime();  // registered with kMillisecond
       auto it = r.counters.find("amp_overhead");
       if (it != r.counters.end()) res.overhead = it->second.value;
-      results[r.benchmark_name().substr(std::string("Step/").size())] = res;
+      // "Step/cnn/O2/bf16/min_time:0.500/real_time" -> "cnn/O2/bf16"
+      std::string name = r.benchmark_name().substr(std::string("Step/").size());
+      name = name.substr(0, name.find("/min_time"));
+      name = name.substr(0, name.find("/real_time"));
+      results[name] = res;
     }
   }
 };
@@ -223,12 +227,12 @@ Rss spawn_rss_child(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 7 && std::string(argv[1]) == "--rss-child") {
-    return rss_child({argv[2], argv[3], argv[4]}, std::stoi(argv[6]));
+  if (argc == 6 && std::string(argv[1]) == "--rss-child") {
+    return rss_child({argv[2], argv[3], argv[4]}, std::stoi(argv[5]));
   }
   for (const auto& c : configs()) {
     benchmark::RegisterBenchmark(("Step/" + c.name()).c_str(), BM_Step, c)->Unit(benchmark::kMillisecond)
-        ->MinTime(1.0)->UseRealTime();
+        ->MinTime(0.5)->UseRealTime();
   }
   benchmark::Initialize(&argc, argv);
   RatioReporter reporter;
