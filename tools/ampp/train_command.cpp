@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -141,7 +142,11 @@ const bool registered = ampp::cli::register_command(
          auto& o = a->options;
          o.model(a->model).data(a->data).opt_level(a->opt_level).loss_scale(a->loss_scale);
          o.checkpoint_dir(a->checkpoint_dir).out(a->out);
-         return run(*a);
+         try {
+           return run(*a);
+         } catch (const c10::Error& e) {
+           throw std::runtime_error(e.what_without_backtrace());  // the message, not LibTorch's backtrace
+         }
        };
      }});
 
