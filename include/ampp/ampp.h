@@ -1,15 +1,7 @@
 #pragma once
 // ampp: automatic mixed precision and data-parallel training for LibTorch.
-// One include for everything; each header also stands alone.
-#if __has_include(<ampp/grad_scaler.h>)
-#include <ampp/grad_scaler.h>
-#endif
-#if __has_include(<ampp/autocast.h>)
-#include <ampp/autocast.h>
-#endif
-#if __has_include(<ampp/initialize.h>)
-#include <ampp/initialize.h>
-#endif
-#if __has_include(<ampp/dist/dist.h>)
-#include <ampp/dist/dist.h>
-#endif
+// One include for the whole public API; each header also stands alone.
+#include <ampp/autocast.h>     // ampp::autocast, op policies, fp16-on-CPU, hardware-aware bf16
+#include <ampp/grad_scaler.h>  // ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis)
+#include <ampp/initialize.h>   // ampp::initialize, OptLevel O0-O3, Properties, FP32 master weights
+#include <ampp/dist/dist.h>    // ampp::dist: process groups, DDP, DistributedSampler, spawn, launcher

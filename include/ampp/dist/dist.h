@@ -1,16 +1,10 @@
 #pragma once
-// ampp::dist: process groups, DistributedDataParallel, comm hooks, DistributedSampler, spawn.
-#include <ampp/dist/process_group.h>
-#include <ampp/dist/log.h>
-#if __has_include(<ampp/dist/ddp.h>)
-#include <ampp/dist/ddp.h>
-#endif
-#if __has_include(<ampp/dist/comm_hooks.h>)
+// ampp::dist: process groups, DistributedDataParallel, comm hooks, DistributedSampler, spawn and
+// the launcher behind `ampp run`.
 #include <ampp/dist/comm_hooks.h>
-#endif
-#if __has_include(<ampp/dist/sampler.h>)
+#include <ampp/dist/ddp.h>
+#include <ampp/dist/launcher.h>
+#include <ampp/dist/log.h>
+#include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>
-#endif
-#if __has_include(<ampp/dist/spawn.h>)
 #include <ampp/dist/spawn.h>
-#endif
