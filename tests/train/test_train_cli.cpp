@@ -137,8 +137,7 @@ TEST(TrainCli, ResumeIsBitIdenticalOneWorker) { check_resume_is_exact("--nproc 1
 // Known problem (see docs/training.md): epoch-boundary resume under O2 bf16 is not yet bit-identical.
 TEST(TrainCli, DISABLED_ResumeIsBitIdenticalOneWorkerO2Bf16) { check_resume_is_exact("--nproc 1 --opt-level O2 --dtype bf16"); }
 
-// Known problem: 2-worker runs with --checkpoint-dir on this synthetic set hit a DDP reduction error.
-TEST(TrainCli, DISABLED_ResumeIsBitIdenticalTwoWorkers) { check_resume_is_exact("--nproc 2 --opt-level O1 --dtype fp16"); }
+TEST(TrainCli, ResumeIsBitIdenticalTwoWorkers) { check_resume_is_exact("--nproc 2 --opt-level O1 --dtype fp16"); }
 
 TEST(TrainCli, MidEpochResumeIsBitIdentical) {
   TempDir straight, split;
@@ -167,8 +166,7 @@ TEST(TrainCli, CorruptedOrForeignCheckpointIsAClearErrorOnResume) {
   EXPECT_NE(r.output.find("is truncated"), std::string::npos) << r.output;
 }
 
-// Known problem: blocked by the 2-worker DDP error above.
-TEST(TrainCli, DISABLED_KilledWorkerUnderMaxRestartsRecoversToTheSameParameters) {
+TEST(TrainCli, KilledWorkerUnderMaxRestartsRecoversToTheSameParameters) {
   TempDir straight, killed;
   const std::string flags = "--epochs 2 --checkpoint-every 4 --opt-level O1 --dtype fp16";
   auto r = run_ampp("run --nproc-per-node 2 -- " + std::string(AMPP_CLI) + " " + small_run(straight.path(), flags));
@@ -177,6 +175,6 @@ TEST(TrainCli, DISABLED_KilledWorkerUnderMaxRestartsRecoversToTheSameParameters)
   r = run_ampp("run --nproc-per-node 2 --max-restarts 1 -- env AMPP_TRAIN_TEST_KILL_AT_STEP=18 " +
                std::string(AMPP_CLI) + " " + small_run(killed.path(), flags));
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restarting the worker group"), std::string::npos) << r.output;  // it really was killed
   expect_same_model(straight.path() / "out" / "model.pt", killed.path() / "out" / "model.pt");
 }

@@ -173,8 +173,6 @@ Summary train(const TrainOptions& o) {
   if (!o.loss_scale().empty()) props.loss_scale(LossScale(o.loss_scale()));
   props.verbosity(0);  // skipped steps are shown by the progress bar and metrics instead
   Amp amp = initialize(std::static_pointer_cast<torch::nn::Module>(model), opt, props);
-  std::optional<Ddp> ddp;
-  if (world > 1) ddp.emplace(model, pg);
   dist::DistributedSampler sampler(static_cast<size_t>(data.train.size()),
                                    dist::DistributedSamplerOptions().num_replicas(world).rank(rank).seed(o.seed()));
   std::optional<torch::optim::StepLR> scheduler;
@@ -229,6 +227,11 @@ Summary train(const TrainOptions& o) {
       say(fmt::format("resumed from {}: epoch {}, batch {}, step {}", ckpt, start_epoch + 1, start_batch, global_step));
     }
   }
+
+  // DDP after the resume: loading replaces parameter data, and the reducer's gradient hooks
+  // must be registered on the final parameters (and it broadcasts rank 0's loaded weights).
+  std::optional<Ddp> ddp;
+  if (world > 1) ddp.emplace(model, pg);
 
   const auto run_start = Clock::now();
   auto elapsed = [&] { return elapsed_before + std::chrono::duration<double>(Clock::now() - run_start).count(); };
