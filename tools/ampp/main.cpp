@@ -1,6 +1,8 @@
 // `ampp`: train, run (torchrun-compatible launcher) and bench.
 #include "command_registry.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <exception>
 #include <iostream>
@@ -33,6 +35,10 @@ int main(int argc, char** argv) {
     if (sub->parsed()) {
       try {
         return run();
+      } catch (const c10::Error& e) {
+        // LibTorch's what() carries a C++ backtrace; users need the message.
+        std::cerr << "ampp " << sub->get_name() << ": error: " << e.what_without_backtrace() << "\n";
+        return 1;
       } catch (const std::exception& e) {
         std::cerr << "ampp " << sub->get_name() << ": error: " << e.what() << "\n";
         return 1;
