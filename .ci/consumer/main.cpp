@@ -1,5 +1,6 @@
 // Uses the installed ampp the way a user would: one scaled step of a tiny model.
 #include <ampp/ampp.h>
+#include <torch/torch.h>
 
 #include <iostream>
 
