@@ -138,6 +138,19 @@ void validate(const TrainOptions& o) {
   TORCH_CHECK(o.log_every() >= 1, "--log-every must be at least 1");
 }
 
+// model.pt is written in FP32 so that a freshly built model loads it: under O2/O3 the trained
+// module holds bf16 tensors, and Module::load() into FP32 tensors would not convert them. The
+// values are exactly the evaluated model's (bf16 and fp16 widen to FP32 without rounding).
+std::shared_ptr<ClassifierImpl> fp32_copy(ClassifierImpl& model, const std::string& name, const ModelOptions& options) {
+  auto copy = make_model(name, options);  // draws from the global RNG: only used once training is over
+  torch::NoGradGuard no_grad;
+  auto src = model.named_parameters(), dst = copy->named_parameters();
+  for (auto& item : dst) item.value().copy_(src[item.key()]);
+  auto src_buffers = model.named_buffers(), dst_buffers = copy->named_buffers();
+  for (auto& item : dst_buffers) item.value().copy_(src_buffers[item.key()]);
+  return copy;
+}
+
 std::string checkpoint_path(const TrainOptions& o) { return (fs::path(o.checkpoint_dir()) / "checkpoint.ampp").string(); }
 
 Summary train(const TrainOptions& o) {
@@ -165,7 +178,9 @@ Summary train(const TrainOptions& o) {
               "); use at least one image per worker");
   torch::manual_seed(o.seed());
   const auto& img = data.train.images;
-  auto model = make_model(o.model(), ModelOptions().in_channels(img.size(1)).height(img.size(2)).width(img.size(3)).num_classes(data.train.num_classes));
+  const auto model_options =
+      ModelOptions().in_channels(img.size(1)).height(img.size(2)).width(img.size(3)).num_classes(data.train.num_classes);
+  auto model = make_model(o.model(), model_options);
   torch::optim::SGD opt(model->parameters(),
                         torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay()));
   Properties props(o.opt_level());
@@ -378,7 +393,7 @@ Summary train(const TrainOptions& o) {
     metrics->write_line(to_json(s));
     std::ofstream(fs::path(o.out()) / "summary.json") << to_json(s).dump(2) << "\n";
     torch::serialize::OutputArchive final_model;
-    model->save(final_model);
+    fp32_copy(*model, o.model(), model_options)->save(final_model);
     final_model.save_to((fs::path(o.out()) / "model.pt").string());
     if (o.progress()) std::printf("\n%s", summary_table(s).c_str());
     if (o.plots()) {
