@@ -193,3 +193,41 @@ TEST(LossScaling, O1RunsTheForwardUnderAutocast) {
   EXPECT_EQ(net->fc(torch::ones({2, 144})).scalar_type(), torch::kFloat);
   EXPECT_EQ(amp.forward(net, data().images.narrow(0, 0, 4)).scalar_type(), torch::kFloat);  // output cast back
 }
+
+// Amp::zero_grad() defers the zeros (the backward's grads need no stash and no add), but a param the
+// next backward does not reach must still be stepped with a zero grad, as after LibTorch's
+// optimizer.zero_grad(): with weight decay w <- w - lr * wd * w (hand-computed below).
+TEST(LossScaling, ZeroGradGivesUnreachedParamsZeroGradsLikeLibTorch) {
+  torch::manual_seed(0);
+  torch::nn::Linear used(4, 1), unused(4, 1);
+  std::vector<torch::Tensor> params = used->parameters();
+  for (const auto& p : unused->parameters()) params.push_back(p);
+  const double lr = 0.5, wd = 0.1;
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(lr).weight_decay(wd));
+  auto amp = ampp::initialize({used.ptr(), unused.ptr()}, {&opt}, Properties("O1").dtype(torch::kBFloat16).verbosity(0));
+  const auto x = torch::ones({2, 4});
+  // Step 1 reaches both (so both have grads, as LibTorch's zero_grad() only zeroes defined grads).
+  amp.zero_grad();
+  amp.scale_loss((used(x) + unused(x)).sum()).backward();
+  ASSERT_TRUE(amp.step());
+  const auto unused_before = snapshot(unused->parameters());
+  // Step 2 reaches only `used`.
+  amp.zero_grad();
+  EXPECT_FALSE(unused->weight.grad().defined());  // deferred, not written
+  amp.scale_loss(used(x).sum()).backward();
+  ASSERT_TRUE(unused->weight.grad().defined());
+  EXPECT_TRUE(torch::equal(unused->weight.grad(), torch::zeros_like(unused->weight)));
+  // The reached param's grad is exactly the backward's (sum over 2 rows of ones: 2 per weight).
+  EXPECT_TRUE(torch::equal(used->weight.grad(), torch::full_like(used->weight, 2.0)));
+  ASSERT_TRUE(amp.step());
+  const auto after = snapshot(unused->parameters());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(after[i], unused_before[i] * (1 - lr * wd), 0, 1e-7)) << i;
+    EXPECT_FALSE(torch::equal(after[i], unused_before[i])) << i;
+  }
+  // zero_grad() then step() without a backward: zeros again, weight decay only.
+  amp.zero_grad();
+  const auto before_bare = snapshot(used->parameters());
+  ASSERT_TRUE(amp.step());
+  EXPECT_TRUE(torch::allclose(used->weight, before_bare[0] * (1 - lr * wd), 0, 1e-7));
+}

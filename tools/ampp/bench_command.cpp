@@ -41,8 +41,16 @@ double median_seconds(int repeats, const std::function<void()>& body) {
   return times[times.size() / 2];
 }
 
-// Median seconds per training step of `model_name` at `level`, and ampp's machinery share.
-std::pair<double, double> time_opt_level(const std::string& model_name, const std::string& level,
+struct OptLevelTiming {
+  double step_seconds;     // median of the timed steps
+  ampp::AmpProfile spent;  // ampp's own work over the timed steps (Properties::profile)
+  int64_t steps;
+  double per_step_us(double seconds) const { return seconds / steps * 1e6; }
+  double machinery_share() const { return spent.total_seconds() / steps / step_seconds; }
+};
+
+// Median seconds per training step of `model_name` at `level`, and where ampp's own time went.
+OptLevelTiming time_opt_level(const std::string& model_name, const std::string& level,
                                          const BenchOptions& options) {
   torch::manual_seed(0);
   auto model = ampp::train::make_model(model_name);
@@ -62,22 +70,28 @@ std::pair<double, double> time_opt_level(const std::string& model_name, const st
   const auto before = amp.profile();
   double seconds = median_seconds(options.steps, step);
   const auto after = amp.profile();
-  double machinery = (after.total_seconds() - before.total_seconds()) / options.steps;
-  return {seconds, machinery / seconds};
+  ampp::AmpProfile spent;
+  spent.scaler_seconds = after.scaler_seconds - before.scaler_seconds;
+  spent.copy_seconds = after.copy_seconds - before.copy_seconds;
+  spent.cast_seconds = after.cast_seconds - before.cast_seconds;
+  return {seconds, spent, options.steps};
 }
 
 int run_bench(const BenchOptions& options) {
   if (options.threads > 0) at::set_num_threads(options.threads);
   fmt::print("ampp bench: {} intra-op threads, batch {}, low precision {}, median of {} steps\n\n",
              at::get_num_threads(), options.batch_size, options.dtype, options.steps);
-  fmt::print("{:<6} {:<4} {:>12} {:>10} {:>18}\n", "model", "opt", "step (ms)", "vs O0", "ampp machinery");
+  fmt::print("{:<6} {:<4} {:>12} {:>10} {:>16}   {}\n", "model", "opt", "step (ms)", "vs O0", "ampp machinery",
+             "of which, us/step: scaler  copies  casts");
   for (const auto& model : options.models) {
     double baseline = 0;
     for (const auto& level : options.levels) {
-      auto [seconds, share] = time_opt_level(model, level, options);
-      if (level == options.levels.front()) baseline = seconds;
-      fmt::print("{:<6} {:<4} {:>12.2f} {:>9.2f}x {:>17.1f}%\n", model, level, seconds * 1e3,
-                 seconds / baseline, share * 100);
+      const OptLevelTiming t = time_opt_level(model, level, options);
+      if (level == options.levels.front()) baseline = t.step_seconds;
+      fmt::print("{:<6} {:<4} {:>12.2f} {:>9.2f}x {:>15.1f}%   {:>24.0f} {:>7.0f} {:>6.0f}\n", model, level,
+                 t.step_seconds * 1e3, t.step_seconds / baseline, t.machinery_share() * 100,
+                 t.per_step_us(t.spent.scaler_seconds), t.per_step_us(t.spent.copy_seconds),
+                 t.per_step_us(t.spent.cast_seconds));
     }
   }
 

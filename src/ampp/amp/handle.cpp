@@ -35,6 +35,7 @@ bool Amp::step() {
   AmpState& st = *state_;
   bool all_stepped = true;
   for (auto& rec : st.optimizers) {
+    detail::pay_owed_zeros(rec);  // zero_grad() then step() without a backward: LibTorch would step zeros
     TORCH_CHECK(!rec.has_scaled_grads, "Amp::step(): the gradients are still scaled because the last backward used "
                 "delay_unscale(true). Run the last micro-batch's scale_loss(...).backward() without delay_unscale "
                 "before step().");
@@ -71,11 +72,15 @@ bool Amp::step() {
 void Amp::zero_grad() {
   AmpState& st = *state_;
   for (auto& rec : st.optimizers) {
-    rec.optimizer->zero_grad();
+    // Same result as optimizer->zero_grad() once the next backward is done (see zeros_owed), without
+    // writing zeros that the backward would only add to: on a small model, that memset and add were
+    // most of ampp's per-step cost.
     for (auto& slot : rec.slots) {
+      slot.param.mutable_grad() = torch::Tensor();
       slot.stash = torch::Tensor();
       if (slot.model.defined()) slot.model.mutable_grad() = torch::Tensor();
     }
+    rec.zeros_owed = true;
     rec.has_scaled_grads = false;
   }
   // Cast parameters that no optimizer holds must not accumulate scaled grads forever.

@@ -37,6 +37,7 @@ void move_model_grads_to_masters(OptimizerRecord& rec) {
 
 void add_stash_back(OptimizerRecord& rec) {
   torch::NoGradGuard no_grad;
+  detail::pay_owed_zeros(rec);
   for (auto& slot : rec.slots) {
     if (!slot.stash.defined()) continue;
     torch::Tensor g = slot.param.grad();
@@ -57,6 +58,17 @@ bool has_any_grad(const OptimizerRecord& rec) {
 }
 
 }  // namespace
+
+namespace detail {
+void pay_owed_zeros(OptimizerRecord& rec) {
+  if (!rec.zeros_owed) return;
+  torch::NoGradGuard no_grad;
+  for (auto& slot : rec.slots) {
+    if (!slot.param.grad().defined()) slot.param.mutable_grad() = torch::zeros_like(slot.param);
+  }
+  rec.zeros_owed = false;
+}
+}  // namespace detail
 
 ScaledLoss::ScaledLoss(std::shared_ptr<detail::AmpState> state, torch::Tensor scaled, double scale,
                        ScaleLossOptions options)

@@ -27,6 +27,10 @@ struct OptimizerRecord {
   std::vector<ParamSlot> slots;
   bool skip_next_step = false;    ///< a backward overflowed since the last step
   bool has_scaled_grads = false;  ///< delay_unscale backward(s) left scaled grads behind
+  /// Amp::zero_grad() left the grads undefined instead of writing zeros: the next backward's grads
+  /// need no stash and no add, and a param that gets no grad is given zeros afterwards, which is
+  /// what LibTorch's zero_grad() would have left (so the optimizer still steps it).
+  bool zeros_owed = false;
 };
 
 struct AmpState {
@@ -50,6 +54,9 @@ struct AmpState {
   /// The records of `subset` (all if empty); throws for an optimizer the handle does not manage.
   std::vector<OptimizerRecord*> records_for(const std::vector<torch::optim::Optimizer*>& subset);
 };
+
+/// Gives every param of `rec` without a grad the zeros that zero_grad() deferred (see zeros_owed).
+void pay_owed_zeros(OptimizerRecord& rec);
 
 /// Adds the elapsed time to `*sink` on destruction when `on`.
 class Stopwatch {
