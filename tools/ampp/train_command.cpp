@@ -3,6 +3,7 @@
 //   ampp train                          # defaults: see docs/training.md (2 workers, O1 fp16, dynamic scaling)
 //   ampp train --opt-level O2 --dtype bf16 --model resnet --epochs 5 --nproc 1
 #include <ampp/dist/launcher.h>
+#include <ampp/dist/log.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
 #include <ampp/train/trainer.h>
@@ -86,6 +87,9 @@ int run(TrainArgs& a) {
     launch.nproc_per_node(a.nproc).verbose(false);
     return ampp::dist::launch(launch, worker_argv(a));
   }
+  // The progress bar already says what the workers do: the library's setup lines (process group
+  // ready, DDP buckets) are shown only when asked for with AMPP_LOG_LEVEL=info or debug.
+  if (!std::getenv("AMPP_LOG_LEVEL")) ampp::dist::set_log_level(ampp::dist::LogLevel::Warning);
   ampp::train::train(o);
   return 0;
 }
