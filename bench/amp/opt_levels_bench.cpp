@@ -8,6 +8,7 @@
 //
 // Threads: one OpenMP thread and one OpenBLAS thread, so configurations compete for nothing.
 #include <ampp/initialize.h>
+#include <ampp/train/models.h>
 
 #include <benchmark/benchmark.h>
 #include <fmt/core.h>
@@ -29,38 +30,6 @@ extern char** environ;
 namespace {
 
 namespace nn = torch::nn;
-
-// Same shapes as bench/precision and ampp::train's "mlp" and "cnn".
-struct Mlp : nn::Module {
-  nn::Linear fc1{784, 256}, fc2{256, 128}, fc3{128, 10};
-  Mlp() {
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-    register_module("fc3", fc3);
-  }
-  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x.flatten(1)))))); }
-};
-
-struct Cnn : nn::Module {
-  nn::Conv2d conv1{nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)};
-  nn::BatchNorm2d bn1{16};
-  nn::Conv2d conv2{nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)};
-  nn::BatchNorm2d bn2{32};
-  nn::Linear fc1{32 * 7 * 7, 128}, fc2{128, 10};
-  Cnn() {
-    register_module("conv1", conv1);
-    register_module("bn1", bn1);
-    register_module("conv2", conv2);
-    register_module("bn2", bn2);
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
-    x = torch::max_pool2d(torch::relu(bn2(conv2(x))), 2);
-    return fc2(torch::relu(fc1(x.flatten(1))));
-  }
-};
 
 struct Config {
   std::string model;  // "mlp" | "cnn"
@@ -97,15 +66,9 @@ struct Trainer {
 
   explicit Trainer(const Config& c) {
     torch::manual_seed(0);
-    if (c.model == "mlp") {
-      auto m = std::make_shared<Mlp>();
-      model = m;
-      forward = [this, m](const torch::Tensor& in) { return amp->forward(m, in); };
-    } else {
-      auto m = std::make_shared<Cnn>();
-      model = m;
-      forward = [this, m](const torch::Tensor& in) { return amp->forward(m, in); };
-    }
+    auto m = ampp::train::make_model(c.model);  // the reference "mlp" and "cnn" of ampp train
+    model = m;
+    forward = [this, m](const torch::Tensor& in) { return amp->forward(m, in); };
     opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     ampp::Properties props(c.level);
     if (c.dtype == "fp16") props.dtype(torch::kHalf);

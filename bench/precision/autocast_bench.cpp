@@ -16,6 +16,7 @@
 #include <ampp/autocast.h>
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/kernels.h>
+#include <ampp/train/models.h>
 
 #include <ATen/autocast_mode.h>
 #include <benchmark/benchmark.h>
@@ -29,43 +30,6 @@
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
 namespace {
-
-namespace nn = torch::nn;
-
-// Same shapes as ampp::train's "mlp" and "cnn" models (kept here so the bench depends on precision only).
-struct Mlp : nn::Module {
-  nn::Linear fc1{784, 256}, fc2{256, 128}, fc3{128, 10};
-  Mlp() {
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-    register_module("fc3", fc3);
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(fc1(x.flatten(1)));
-    return fc3(torch::relu(fc2(x)));
-  }
-};
-
-struct Cnn : nn::Module {
-  nn::Conv2d conv1{nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)};
-  nn::BatchNorm2d bn1{16};
-  nn::Conv2d conv2{nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)};
-  nn::BatchNorm2d bn2{32};
-  nn::Linear fc1{32 * 7 * 7, 128}, fc2{128, 10};
-  Cnn() {
-    register_module("conv1", conv1);
-    register_module("bn1", bn1);
-    register_module("conv2", conv2);
-    register_module("bn2", bn2);
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
-    x = torch::max_pool2d(torch::relu(bn2(conv2(x))), 2);
-    return fc2(torch::relu(fc1(x.flatten(1))));
-  }
-};
 
 enum class Mode { fp32, libtorch_bf16, ampp_bf16, ampp_bf16_native, ampp_bf16_fp32gemm, ampp_fp16 };
 
@@ -94,8 +58,7 @@ struct LibTorchAutocast {
   }
 };
 
-template <class Net>
-torch::Tensor forward_loss(Net& net, Mode mode, const torch::Tensor& x, const torch::Tensor& y) {
+torch::Tensor forward_loss(ampp::train::ClassifierImpl& net, Mode mode, const torch::Tensor& x, const torch::Tensor& y) {
   auto loss_of = [&] { return torch::cross_entropy_loss(net.forward(x), y); };
   switch (mode) {
     case Mode::fp32: return loss_of();
@@ -131,7 +94,7 @@ std::map<std::string, std::map<std::string, Result>>& results() {
   return r;
 }
 
-template <class Net>
+// The reference models are ampp::train's "mlp" (784-256-128-10) and "cnn" (conv16-BN-conv32-BN-fc128-fc10).
 void BM_Step(benchmark::State& state, const char* model, Mode mode) {
   auto& tracker = ampp_bench::TrackingAllocator::install();
   if (mode == Mode::libtorch_bf16)
@@ -142,7 +105,8 @@ void BM_Step(benchmark::State& state, const char* model, Mode mode) {
   const auto x = torch::randn({256, 1, 28, 28});
   const auto y = torch::randint(0, 10, {256});
   const int64_t baseline = tracker.current();
-  Net net;
+  auto net_ptr = ampp::train::make_model(model);
+  auto& net = *net_ptr;
   torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto step = [&] {
     opt.zero_grad();
@@ -183,11 +147,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
 void register_all() {
   for (Mode m : {Mode::fp32, Mode::libtorch_bf16, Mode::ampp_bf16, Mode::ampp_bf16_native, Mode::ampp_bf16_fp32gemm,
                  Mode::ampp_fp16}) {
-    benchmark::RegisterBenchmark(fmt::format("Step/mlp/{}", name_of(m)).c_str(), BM_Step<Mlp>, "mlp", m)
+    benchmark::RegisterBenchmark(fmt::format("Step/mlp/{}", name_of(m)).c_str(), BM_Step, "mlp", m)
         ->Unit(benchmark::kMillisecond)
         ->MinTime(1.0)
         ->UseRealTime();
-    benchmark::RegisterBenchmark(fmt::format("Step/cnn/{}", name_of(m)).c_str(), BM_Step<Cnn>, "cnn", m)
+    benchmark::RegisterBenchmark(fmt::format("Step/cnn/{}", name_of(m)).c_str(), BM_Step, "cnn", m)
         ->Unit(benchmark::kMillisecond)
         ->MinTime(2.0)
         ->UseRealTime();
