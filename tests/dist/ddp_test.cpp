@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <sstream>
 
 #include <torch/torch.h>
 
@@ -142,6 +143,33 @@ TEST(DDP, GradientsEqualSingleProcessOnUnionAndParamsStayBitIdentical) {
       opt.step();
       EXPECT_TRUE(same_on_all_ranks(pg, flat_params(model->parameters()))) << "step " << step;
     }
+  }));
+}
+
+// A checkpoint loaded with Module::load() after DDP was built (the Python habit: wrap, then
+// load_state_dict) must still reduce: LibTorch's load re-points parameters at new storage.
+TEST(DDP, LoadingWeightsAfterConstructionStillReduces) {
+  std::stringstream saved;
+  {
+    torch::serialize::OutputArchive out;
+    make_model(1)->save(out);
+    out.save_to(saved);
+  }
+  const std::string bytes = saved.str();
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = init_tcp(rank, 2, port);
+    auto model = make_model(rank + 5);
+    DistributedDataParallel ddp(model, pg);
+    torch::serialize::InputArchive in;
+    std::istringstream stream(bytes);
+    in.load_from(stream);
+    model->load(in);
+    auto d = rank_batch(0, rank);
+    torch::mse_loss(ddp->forward(d.x), d.y).backward();
+    const auto grads = flat_grads(model->parameters());
+    EXPECT_LE(rel_err(grads, reference_grads(0, 0)), 1e-6);
+    EXPECT_TRUE(same_on_all_ranks(pg, grads));
   }));
 }
 

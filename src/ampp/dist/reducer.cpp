@@ -130,18 +130,40 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   }
 
   void install_hooks() {
-    std::weak_ptr<Impl> weak = shared_from_this();
+    accumulators.assign(params.size(), nullptr);
     for (size_t i = 0; i < params.size(); ++i) {
       auto acc = torch::autograd::impl::grad_accumulator(params[i]);
       TORCH_CHECK(acc, "ampp::dist::DistributedDataParallel: parameter ", names[i],
                   " has no gradient accumulator (is it a leaf that requires grad?).");
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            if (auto self = weak.lock()) self->autograd_hook(i);
-            return outputs;
-          }));
-      accumulator_index[acc.get()] = i;
-      accumulators.push_back(std::move(acc));
+      install_hook(i, std::move(acc));
+    }
+  }
+
+  void install_hook(size_t i, std::shared_ptr<torch::autograd::Node> acc) {
+    std::weak_ptr<Impl> weak = shared_from_this();
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (auto self = weak.lock()) self->autograd_hook(i);
+          return outputs;
+        }));
+    if (accumulators[i]) accumulator_index.erase(accumulators[i].get());
+    accumulator_index[acc.get()] = i;
+    accumulators[i] = std::move(acc);
+  }
+
+  // LibTorch's Module::load() (and any set_data()) gives a parameter a new gradient accumulator,
+  // and the hooks stayed on the old one: the Python habit of wrapping first and loading a
+  // checkpoint after would silently stop the reduction. Re-hook whatever accumulator is live.
+  void refresh_hooks() {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (torch::autograd::impl::try_get_grad_accumulator(params[i]) == accumulators[i]) continue;
+      const auto [b, slot] = locator[i];
+      TORCH_CHECK(params[i].numel() == static_cast<int64_t>(buckets[b].lengths[slot]) &&
+                      params[i].scalar_type() == buckets[b].contents.scalar_type(),
+                  "ampp::dist::DistributedDataParallel: parameter ", names[i], " changed its shape or dtype (now ",
+                  params[i].sizes(), " ", params[i].scalar_type(), ") after DDP was built. Cast or load the model "
+                  "into its final shape and dtype before wrapping it.");
+      install_hook(i, torch::autograd::impl::grad_accumulator(params[i]));
     }
   }
 
@@ -391,6 +413,7 @@ Reducer::~Reducer() = default;
 
 void Reducer::pre_forward() {
   auto& s = *impl_;
+  s.refresh_hooks();
   if (torch::GradMode::is_enabled() && s.require_backward_grad_sync) s.ensure_prior_reduction_finished();
   if (s.options.broadcast_buffers() && s.require_forward_param_sync && !s.buffers.empty())
     broadcast_coalesced(s.group, s.buffers, kBroadcastChunkBytes, 0);

@@ -243,8 +243,7 @@ Summary train(const TrainOptions& o) {
     }
   }
 
-  // DDP after the resume: loading replaces parameter data, and the reducer's gradient hooks
-  // must be registered on the final parameters (and it broadcasts rank 0's loaded weights).
+  // DDP after the resume, so its construction broadcast starts every rank from the loaded weights.
   std::optional<Ddp> ddp;
   if (world > 1) ddp.emplace(model, pg);
 
