@@ -24,6 +24,7 @@ struct BenchOptions {
   std::vector<std::string> models{"mlp", "cnn"};
   std::vector<std::string> levels{"O0", "O1", "O2", "O3"};
   std::string dtype = "bf16";
+  std::string loss_scale;  // empty: each opt level's default
   int64_t batch_size = 256;
   int steps = 10;
   int threads = 0;
@@ -56,8 +57,10 @@ OptLevelTiming time_opt_level(const std::string& model_name, const std::string& 
   auto model = ampp::train::make_model(model_name);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto dtype = options.dtype == "fp16" ? torch::kHalf : torch::kBFloat16;
-  auto amp = ampp::initialize(model, optimizer,
-                              ampp::Properties(level).dtype(dtype).profile(true).verbosity(0));
+  ampp::Properties props(level);
+  props.dtype(dtype).profile(true).verbosity(0);
+  if (!options.loss_scale.empty() && level != "O0") props.loss_scale(ampp::LossScale(options.loss_scale));
+  auto amp = ampp::initialize(model, optimizer, props);
   auto images = torch::randn({options.batch_size, 1, 28, 28});
   auto labels = torch::randint(10, {options.batch_size}, torch::kLong);
   auto step = [&] {
@@ -79,8 +82,9 @@ OptLevelTiming time_opt_level(const std::string& model_name, const std::string& 
 
 int run_bench(const BenchOptions& options) {
   if (options.threads > 0) at::set_num_threads(options.threads);
-  fmt::print("ampp bench: {} intra-op threads, batch {}, low precision {}, median of {} steps\n\n",
-             at::get_num_threads(), options.batch_size, options.dtype, options.steps);
+  fmt::print("ampp bench: {} intra-op threads, batch {}, low precision {}, loss scale {}, median of {} steps\n\n",
+             at::get_num_threads(), options.batch_size, options.dtype,
+             options.loss_scale.empty() ? "per opt level" : options.loss_scale, options.steps);
   fmt::print("{:<6} {:<4} {:>12} {:>10} {:>16}   {}\n", "model", "opt", "step (ms)", "vs O0", "ampp machinery",
              "of which, us/step: scaler  copies  casts");
   for (const auto& model : options.models) {
@@ -131,6 +135,16 @@ int run_bench(const BenchOptions& options) {
       sub.add_option("--opt-levels", options->levels, "opt levels; the first is the baseline")
           ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}));
       sub.add_option("--dtype", options->dtype, "low-precision type")->check(CLI::IsMember({"bf16", "fp16"}));
+      sub.add_option("--loss-scale", options->loss_scale,
+                     "dynamic or a number for O1-O3 (default: the opt level's); 1 drops the scaler, as bf16 allows")
+          ->check([](const std::string& v) {
+            try {
+              ampp::LossScale{v};
+              return std::string();
+            } catch (const std::exception&) {
+              return "'" + v + "' is not \"dynamic\" or a number > 0";
+            }
+          });
       sub.add_option("--batch-size", options->batch_size)->check(CLI::Range(1, 65536));
       sub.add_option("--steps", options->steps, "timed steps per configuration")->check(CLI::Range(1, 100000));
       sub.add_option("--threads", options->threads, "intra-op threads (0: LibTorch's default)")
