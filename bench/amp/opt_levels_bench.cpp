@@ -8,6 +8,7 @@
 //
 // Threads: one OpenMP thread and one OpenBLAS thread, so configurations compete for nothing.
 #include <ampp/initialize.h>
+#include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
 
 #include <benchmark/benchmark.h>
@@ -16,7 +17,6 @@
 
 #include <dlfcn.h>
 #include <spawn.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -143,9 +143,8 @@ int rss_child(const Config& c, int steps) {
   const long before = current_rss_kib();
   Trainer t(c);
   for (int i = 0; i < steps; ++i) t.step();
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  std::printf("%ld %ld\n", before, usage.ru_maxrss);
+  // Peak from VmHWM (ampp::train::peak_rss_mb): ru_maxrss would include the parent's peak (kept across exec).
+  std::printf("%ld %ld\n", before, static_cast<long>(ampp::train::peak_rss_mb() * 1024));
   return 0;
 }
 

@@ -231,3 +231,36 @@ TEST(LossScaling, ZeroGradGivesUnreachedParamsZeroGradsLikeLibTorch) {
   ASSERT_TRUE(amp.step());
   EXPECT_TRUE(torch::allclose(used->weight, before_bare[0] * (1 - lr * wd), 0, 1e-7));
 }
+
+// Under O2 the FP32 master grads live in buffers reused from step to step; accumulating two
+// backwards must still give exactly grad(loss 1) + grad(loss 2), i.e. the second backward must not
+// convert into the buffer the first one's gradients are stashed in.
+TEST(LossScaling, O2AccumulatesTwoBackwardsIntoTheMasters) {
+  at::set_num_threads(1);
+  torch::manual_seed(8);
+  RefCnn net;
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  auto amp = ampp::initialize(net, opt, Properties("O2").dtype(torch::kBFloat16).verbosity(0));
+  auto master_grads = [&] {
+    std::vector<torch::Tensor> out;
+    for (const auto& m : amp.master_params(opt)) out.push_back(m.grad().clone());
+    return out;
+  };
+  for (int round = 0; round < 2; ++round) {  // the second round runs on buffers left by the first
+    amp.zero_grad();
+    amp.scale_loss(cnn_loss(amp, net, 1.0, 0)).backward();
+    const auto g1 = master_grads();
+    amp.zero_grad();
+    amp.scale_loss(cnn_loss(amp, net, 1.0, 16)).backward();
+    const auto g2 = master_grads();
+    amp.zero_grad();
+    amp.scale_loss(cnn_loss(amp, net, 1.0, 0)).backward();
+    amp.scale_loss(cnn_loss(amp, net, 1.0, 16)).backward();
+    const auto both = master_grads();
+    ASSERT_EQ(both.size(), g1.size());
+    for (size_t i = 0; i < both.size(); ++i) {
+      EXPECT_TRUE(torch::equal(both[i], g1[i] + g2[i])) << "round " << round << ", master " << i;
+      EXPECT_FALSE(torch::equal(g1[i], g2[i])) << i;
+    }
+  }
+}

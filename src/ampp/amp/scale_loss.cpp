@@ -30,7 +30,18 @@ void move_model_grads_to_masters(OptimizerRecord& rec) {
     torch::Tensor g = slot.model.grad();
     if (!g.defined()) continue;
     // Convert before unscaling: a small fp16 gradient divided by the scale in fp16 would underflow.
-    slot.param.mutable_grad() = g.scalar_type() == torch::kFloat ? g : g.to(torch::kFloat);
+    if (g.scalar_type() == torch::kFloat) {
+      slot.param.mutable_grad() = g;
+    } else {
+      torch::Tensor& buffer = slot.master_grad_buffer;
+      // Reuse only while nothing else holds it or a view of it (a stash, a user's reference).
+      if (!buffer.defined() || buffer.sizes() != g.sizes() || buffer.use_count() > 1 ||
+          buffer.storage().use_count() > 1) {
+        buffer = torch::empty(g.sizes(), g.options().dtype(torch::kFloat));
+      }
+      buffer.copy_(g);
+      slot.param.mutable_grad() = buffer;
+    }
     slot.model.mutable_grad() = torch::Tensor();
   }
 }

@@ -20,6 +20,9 @@ struct ParamSlot {
   torch::Tensor param;  ///< what the optimizer steps: the FP32 master under O2, else the model's parameter
   torch::Tensor model;  ///< the low-precision model parameter `param` mirrors; undefined if param is its own master
   torch::Tensor stash;  ///< gradient accumulated before the current backward (apex's stashed grads)
+  /// FP32 buffer the model's low-precision grad is converted into, kept across steps: a fresh
+  /// allocation per step costs page faults that showed up as most of O2's copy time on small models.
+  torch::Tensor master_grad_buffer;
 };
 
 struct OptimizerRecord {

@@ -1,5 +1,6 @@
 #include "ampp/train/metrics.h"
 
+#include <cstdio>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -151,6 +152,17 @@ std::string summary_table(const Summary& s) {
 }
 
 double peak_rss_mb() {
+  // VmHWM, this process's own high-water mark. getrusage's ru_maxrss would do on its own, but Linux
+  // carries it across exec: a worker spawned by a larger launcher would report the launcher's peak.
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long kib = -1;
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+    }
+    std::fclose(f);
+    if (kib >= 0) return static_cast<double>(kib) / 1024.0;
+  }
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
