@@ -8,14 +8,15 @@
 //
 // Threads: one OpenMP thread and one OpenBLAS thread, so configurations compete for nothing.
 #include <ampp/initialize.h>
+#include <ampp/train/allocator.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
+#include <ampp/train/threads.h>
 
 #include <benchmark/benchmark.h>
 #include <fmt/core.h>
 #include <torch/torch.h>
 
-#include <dlfcn.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,10 +50,7 @@ std::vector<Config> configs() {
   return out;
 }
 
-void single_thread() {
-  at::set_num_threads(1);
-  if (auto* set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(1);
-}
+void single_thread() { ampp::train::set_compute_threads(1); }
 
 constexpr int64_t kBatch = 256;
 
@@ -189,6 +187,7 @@ Rss spawn_rss_child(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ampp::train::retain_freed_memory();  // the allocator setup `ampp train` runs with
   if (argc == 6 && std::string(argv[1]) == "--rss-child") {
     return rss_child({argv[2], argv[3], argv[4]}, std::stoi(argv[5]));
   }

@@ -16,7 +16,9 @@
 #include <ampp/autocast.h>
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/kernels.h>
+#include <ampp/train/allocator.h>
 #include <ampp/train/models.h>
+#include <ampp/train/threads.h>
 
 #include <ATen/autocast_mode.h>
 #include <benchmark/benchmark.h>
@@ -26,8 +28,6 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
-
-extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
 namespace {
 
@@ -161,10 +161,10 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ampp::train::retain_freed_memory();  // the allocator setup `ampp train` runs with
   const char* env = std::getenv("AMPP_BENCH_THREADS");
   const int threads = env ? std::atoi(env) : 1;
-  at::set_num_threads(threads);
-  if (openblas_set_num_threads) openblas_set_num_threads(threads);
+  ampp::train::set_compute_threads(threads);
   register_all();
   benchmark::Initialize(&argc, argv);
   RatioReporter reporter;

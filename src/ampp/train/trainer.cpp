@@ -5,7 +5,9 @@
 #include <ampp/dist/sampler.h>
 #include <ampp/initialize.h>
 #include <ampp/train/batches.h>
+#include <ampp/train/allocator.h>
 #include <ampp/train/checkpoint.h>
+#include <ampp/train/threads.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
 #include <fmt/format.h>
@@ -155,6 +157,7 @@ std::string checkpoint_path(const TrainOptions& o) { return (fs::path(o.checkpoi
 
 Summary train(const TrainOptions& o) {
   validate(o);
+  retain_freed_memory();  // no page faults on the same activation buffers every step (allocator.h)
   // ---- processes and threads ----
   dist::ProcessGroup pg;
   if (env_int("WORLD_SIZE", 1) > 1) pg = dist::is_initialized() ? dist::default_group() : dist::init_process_group();
@@ -164,7 +167,7 @@ Summary train(const TrainOptions& o) {
   int threads = o.threads();
   if (threads == 0) threads = env_int("OMP_NUM_THREADS", 0);
   if (threads == 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_world);
-  at::set_num_threads(threads);
+  set_compute_threads(threads);  // LibTorch and OpenBLAS pools alike (threads.h)
   if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   const bool leader = rank == 0;
   auto say = [&](const std::string& s) {
