@@ -7,8 +7,8 @@ namespace ampp::train {
 /// 32 MiB come from the heap (not one mmap each) and the heap is never trimmed. A training step
 /// frees and re-allocates the same activation buffers every iteration; by default glibc unmaps
 /// the large ones and trims the heap, so every step page-faults (and the kernel zeroes) them again.
-/// Measured here: the reference CNN's fp32 step 1.8x faster at 1 thread, the default `ampp train`
-/// run ~15% faster (docs/benchmarks.md). Cost: the process keeps its peak heap size until exit.
+/// Measured here: the reference CNN's fp32 step 2.0x faster at 1 thread (same-run ratio printed by
+/// bench/train/ampp_bench_process_setup), the default `ampp train` run ~15% faster (docs/benchmarks.md). Cost: the process keeps its peak heap size until exit.
 /// Returns false (and changes nothing) where the C library is not glibc. Call it once, early.
 bool retain_freed_memory();
 

@@ -1,12 +1,12 @@
 #include "ampp/train/metrics.h"
 
-#include <cstdio>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <sstream>

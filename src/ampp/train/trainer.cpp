@@ -4,12 +4,12 @@
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>
 #include <ampp/initialize.h>
-#include <ampp/train/batches.h>
 #include <ampp/train/allocator.h>
+#include <ampp/train/batches.h>
 #include <ampp/train/checkpoint.h>
-#include <ampp/train/threads.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
+#include <ampp/train/threads.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/optim/schedulers/step_lr.h>
