@@ -1,5 +1,7 @@
 // ampp::dist::spawn: fn(local_rank, args...) in N forked children with the rendezvous environment;
 // a failing child terminates the others and spawn throws naming the rank and the cause.
+#include <dirent.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -66,6 +68,16 @@ void write_text(const std::string& path, const std::string& text) {
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : "<unset>";
+}
+
+// Threads of this process: the entries of /proc/self/task.
+int task_count() {
+  int n = 0;
+  if (DIR* dir = ::opendir("/proc/self/task")) {
+    while (dirent* entry = ::readdir(dir)) n += entry->d_name[0] != '.';
+    ::closedir(dir);
+  }
+  return n;
 }
 
 // Reads the pids the children wrote to dir/pid.<rank> (all that exist).
@@ -160,13 +172,22 @@ TEST(Spawn, ChildrenUseTheRequestedThreadCount) {
 TEST(Spawn, LimitsChildrenToOneThreadWhenTheParentAlreadyRunsThreads) {
   // Another thread in the parent (like a started OpenMP pool): a forked child must not use more
   // than one OpenMP thread, or it would hang in its first parallel region.
+  // The helper is parked in its wait before spawn forks: forking while a thread is still starting
+  // up (possibly inside the dynamic linker or libc, holding locks fork does not reset) can
+  // deadlock the child, and that is not what this test is about.
   std::mutex m;
   std::condition_variable cv;
-  bool done = false;
+  bool parked = false, done = false;
   std::thread helper([&] {
     std::unique_lock<std::mutex> lock(m);
+    parked = true;
+    cv.notify_all();
     cv.wait(lock, [&] { return done; });
   });
+  {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return parked; });
+  }
   TempDir dir;
   try {
     ampp::dist::spawn(SpawnOptions().num_threads(2),
@@ -188,6 +209,26 @@ TEST(Spawn, LimitsChildrenToOneThreadWhenTheParentAlreadyRunsThreads) {
   helper.join();
   EXPECT_EQ(ampp::test::read_file(dir.file("t.0")), "1");
   EXPECT_EQ(ampp::test::read_file(dir.file("t.1")), "1");
+}
+
+TEST(Spawn, IdleOpenBlasThreadsDoNotLimitTheChildren) {
+  // pthread OpenBLAS starts its server threads when it is loaded, so a program that has computed
+  // nothing yet already runs more than one thread. They are not an OpenMP pool: OpenBLAS stops
+  // them itself before a fork, so the children keep the requested thread count.
+  if (::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_") == nullptr || task_count() < 2) {
+    GTEST_SKIP() << "LibTorch here is not linked with pthread OpenBLAS (or it started no threads)";
+  }
+  TempDir dir;
+  ampp::dist::spawn(SpawnOptions().num_threads(2),
+                    [&](int rank) {
+                      auto x = torch::randn({1 << 20});
+                      x = x.exp().sum();  // a parallel region with 2 threads in a fresh child
+                      write_text(dir.file("t." + std::to_string(rank)),
+                                 std::to_string(at::get_num_threads()));
+                    },
+                    2);
+  EXPECT_EQ(ampp::test::read_file(dir.file("t.0")), "2");
+  EXPECT_EQ(ampp::test::read_file(dir.file("t.1")), "2");
 }
 
 TEST(Spawn, ExceptionInAChildNamesTheRankAndMessageAndStopsTheOthers) {

@@ -15,7 +15,9 @@
 // of a process whose OpenMP pool was already started hangs in its first parallel region. Call spawn
 // before any LibTorch computation (as the seeds do). If the caller already runs other threads at the
 // time of fork, spawn limits each child to 1 intra-op thread (and says so on stderr) instead of
-// letting it hang.
+// letting it hang. It cannot help with a thread that is busy inside a library (holding one of its
+// locks) at the moment of fork: the child inherits that lock held forever. Start other threads
+// after spawn, or make sure they are idle while it forks.
 #include <chrono>
 #include <functional>
 #include <stdexcept>

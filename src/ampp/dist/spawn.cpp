@@ -1,6 +1,7 @@
 // ampp::dist::spawn: fork nprocs children, run fn(local_rank) in each, join, tear down on failure.
 #include "ampp/dist/spawn.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -56,6 +57,16 @@ std::string read_available(int fd) {
     text.append(buffer, static_cast<size_t>(n));
   }
   return text;
+}
+
+// pthread OpenBLAS starts its thread pool when it is loaded and registers blas_thread_shutdown_
+// as a fork "prepare" handler; it restarts the pool on its next threaded call. Looked up at run
+// time: LibTorch may use another BLAS.
+void stop_openblas_server_threads() {
+  using Shutdown = int (*)();
+  if (auto* shutdown = reinterpret_cast<Shutdown>(::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"))) {
+    shutdown();
+  }
 }
 
 // Runs in the child after fork(); never returns.
@@ -131,6 +142,9 @@ void spawn_local_ranks(const std::function<void(int)>& fn, int nprocs, const Spa
   }
   // See spawn.h: a child of a process with a running OpenMP pool hangs in parallel regions with
   // more than one thread; other threads (ours or the user's) are a sign that the pool may exist.
+  // OpenBLAS's idle server threads are not: its fork handler stops them before every fork anyway,
+  // so stop them first and do not let them cost the children their threads.
+  stop_openblas_server_threads();
   const int parent_threads = detail::thread_count();
   const bool clamp_threads = parent_threads > 1 && threads > 1;
   if (clamp_threads) threads = 1;
