@@ -1,6 +1,5 @@
 // ampp::dist::spawn: fn(local_rank, args...) in N forked children with the rendezvous environment;
 // a failing child terminates the others and spawn throws naming the rank and the cause.
-#include <dirent.h>
 #include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 
 #include <ampp/dist/spawn.h>
 
+#include "ampp/dist/launcher_posix.h"
 #include "process_helpers.h"
 
 namespace {
@@ -68,16 +68,6 @@ void write_text(const std::string& path, const std::string& text) {
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : "<unset>";
-}
-
-// Threads of this process: the entries of /proc/self/task.
-int task_count() {
-  int n = 0;
-  if (DIR* dir = ::opendir("/proc/self/task")) {
-    while (dirent* entry = ::readdir(dir)) n += entry->d_name[0] != '.';
-    ::closedir(dir);
-  }
-  return n;
 }
 
 // Reads the pids the children wrote to dir/pid.<rank> (all that exist).
@@ -215,7 +205,9 @@ TEST(Spawn, IdleOpenBlasThreadsDoNotLimitTheChildren) {
   // pthread OpenBLAS starts its server threads when it is loaded, so a program that has computed
   // nothing yet already runs more than one thread. They are not an OpenMP pool: OpenBLAS stops
   // them itself before a fork, so the children keep the requested thread count.
-  if (::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_") == nullptr || task_count() < 2) {
+  const bool has_blas_threads = ::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_") != nullptr &&
+                                ampp::dist::detail::thread_count() >= 2;
+  if (!has_blas_threads) {
     GTEST_SKIP() << "LibTorch here is not linked with pthread OpenBLAS (or it started no threads)";
   }
   TempDir dir;
