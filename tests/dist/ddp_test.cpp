@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include <torch/torch.h>
@@ -311,24 +312,116 @@ TEST(DDP, UnusedParameterIsAnErrorUnlessDetectionIsOn) {
       EXPECT_NE(msg.find("b.weight"), std::string::npos) << msg;
     }
   }));
-  const int port2 = free_port();
+  for (bool as_view : {false, true}) {
+    const int port2 = free_port();
+    expect_all_ok(run_ranks(2, [&](int rank) {
+      auto pg = init_tcp(rank, 2, port2);
+      torch::manual_seed(3);
+      Branchy model;
+      DistributedDataParallel ddp(
+          model, pg, DistributedDataParallelOptions().find_unused_parameters(true).gradient_as_bucket_view(as_view));
+      auto x = torch::full({2, 4}, 1.0 + rank);
+      // Iteration 1: nobody uses b -> b.grad stays undefined everywhere.
+      ddp->forward(x).sum().backward();
+      EXPECT_FALSE(model->b->weight.grad().defined()) << "as_view " << as_view;
+      // Iteration 2: only rank 0 uses b -> both get rank 0's b-gradient / 2.
+      model->zero_grad();
+      model->use_b = rank == 0;
+      ddp->forward(x).sum().backward();
+      ASSERT_TRUE(model->b->weight.grad().defined()) << "as_view " << as_view;
+      // d(sum(b(x)))/dW = column sums of x = 2 rows of ones (rank 0) -> 2, averaged with 0 -> 1.
+      EXPECT_TRUE(torch::allclose(model->b->weight.grad(), torch::ones({2, 4}))) << "as_view " << as_view;
+      EXPECT_TRUE(same_on_all_ranks(pg, model->a->weight.grad()));
+    }));
+  }
+}
+
+namespace {
+struct Trace {
+  std::vector<torch::Tensor> grads;  // flat, after each synchronised backward
+  torch::Tensor params;              // flat, after the last step
+};
+
+// Three SGD-with-momentum steps through DDP, optimizer.zero_grad() before each; step 0 first
+// accumulates a micro-batch under no_sync().
+Trace train_steps(const ProcessGroup& pg, int rank, const DistributedDataParallelOptions& options,
+                  std::optional<BuiltinCommHook> hook) {
+  auto model = make_model(rank + 1);
+  DistributedDataParallel ddp(model, pg, options);
+  if (hook) ddp.register_builtin_comm_hook(*hook);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  Trace trace;
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    if (step == 0) {
+      auto guard = ddp.no_sync();
+      auto d = rank_batch(5, rank);
+      torch::mse_loss(ddp->forward(d.x), d.y).backward();
+    }
+    auto d = rank_batch(step, rank);
+    torch::mse_loss(ddp->forward(d.x), d.y).backward();
+    trace.grads.push_back(flat_grads(model->parameters()));
+    opt.step();
+  }
+  trace.params = flat_params(model->parameters());
+  return trace;
+}
+}  // namespace
+
+// Same operations in the same order, only without the copies: the results must match bit for bit.
+TEST(DDP, GradientAsBucketViewIsBitIdenticalToCopying) {
+  const int port = free_port();
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = init_tcp(rank, 2, port2);
-    torch::manual_seed(3);
-    Branchy model;
-    DistributedDataParallel ddp(model, pg, DistributedDataParallelOptions().find_unused_parameters(true));
-    auto x = torch::full({2, 4}, 1.0 + rank);
-    // Iteration 1: nobody uses b -> b.grad stays undefined everywhere.
-    ddp->forward(x).sum().backward();
-    EXPECT_FALSE(model->b->weight.grad().defined());
-    // Iteration 2: only rank 0 uses b -> both get rank 0's b-gradient / 2.
-    model->zero_grad();
-    model->use_b = rank == 0;
-    ddp->forward(x).sum().backward();
-    ASSERT_TRUE(model->b->weight.grad().defined());
-    // d(sum(b(x)))/dW = column sums of x = 2 rows of ones (rank 0) -> 2, averaged with 0 -> 1.
-    EXPECT_TRUE(torch::allclose(model->b->weight.grad(), torch::ones({2, 4})));
-    EXPECT_TRUE(same_on_all_ranks(pg, model->a->weight.grad()));
+    auto pg = init_tcp(rank, 2, port);
+    const auto tiny = DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256);
+    for (std::optional<BuiltinCommHook> hook : {std::optional<BuiltinCommHook>(), std::optional(BuiltinCommHook::FP16_COMPRESS)}) {
+      const auto copying = train_steps(pg, rank, tiny, hook);
+      const auto viewing = train_steps(pg, rank, DistributedDataParallelOptions(tiny).gradient_as_bucket_view(true), hook);
+      for (size_t s = 0; s < copying.grads.size(); ++s)
+        EXPECT_TRUE(torch::equal(copying.grads[s], viewing.grads[s])) << "step " << s << ", hook " << hook.has_value();
+      EXPECT_TRUE(torch::equal(copying.params, viewing.params)) << "hook " << hook.has_value();
+    }
+  }));
+}
+
+TEST(DDP, GradientAsBucketViewGradsLiveInTheBucketsAndSurviveZeroGrad) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = init_tcp(rank, 2, port);
+    auto model = make_model(rank + 1);
+    // Buckets {5, 4}, {3, 2}, {1, 0} (see TinyBucketsOverlapBackwardWithUnchangedResults).
+    DistributedDataParallel ddp(model, pg, DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024)
+                                               .first_bucket_bytes(256).gradient_as_bucket_view(true));
+    const auto params = model->parameters();
+    torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto backward = [&](int step) {
+      auto d = rank_batch(step, rank);
+      torch::mse_loss(ddp->forward(d.x), d.y).backward();
+    };
+    auto grad_pointers = [&] {
+      std::vector<void*> ptrs;
+      for (const auto& p : params) ptrs.push_back(p.grad().data_ptr());
+      return ptrs;
+    };
+    backward(0);
+    EXPECT_LE(rel_err(flat_grads(params), reference_grads(0, 0)), 1e-6);
+    for (const auto& [a, b] : {std::pair{5, 4}, {3, 2}, {1, 0}})
+      EXPECT_TRUE(params[a].grad().is_alias_of(params[b].grad())) << a << " and " << b << " share a bucket";
+    EXPECT_FALSE(params[5].grad().is_alias_of(params[3].grad()));
+    const auto slots = grad_pointers();
+    opt.step();
+    // LibTorch's zero_grad() detaches grads in place: it would throw on autograd views.
+    ASSERT_NO_THROW(opt.zero_grad());
+    EXPECT_EQ(flat_grads(params).abs().max().item<float>(), 0.0f);
+    backward(1);
+    EXPECT_LE(rel_err(flat_grads(params), reference_grads(1, 1)), 1e-6);
+    EXPECT_EQ(grad_pointers(), slots) << "backward accumulated into the bucket slots";
+    // Grads set to none: the next backward's fresh grads are copied in and become the slots again.
+    opt.step();
+    model->zero_grad(/*set_to_none=*/true);
+    backward(2);
+    EXPECT_LE(rel_err(flat_grads(params), reference_grads(2, 2)), 1e-6);
+    EXPECT_EQ(grad_pointers(), slots);
   }));
 }
 

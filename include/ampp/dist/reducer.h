@@ -30,6 +30,11 @@ struct DistributedDataParallelOptions {
   // Traverse the autograd graph after each forward and treat parameters that did not take part as
   // ready (zero contribution). Without it an unused parameter is an error at the next forward.
   TORCH_ARG(bool, find_unused_parameters) = false;
+  // Make each parameter's .grad a slot of its bucket (PyTorch's gradient_as_bucket_view): backward
+  // accumulates straight into the buckets, so the copies into and out of them and one gradient-sized
+  // buffer go away. Unlike PyTorch's bucket views, the slots are not autograd views, so
+  // Optimizer::zero_grad() and Module::zero_grad() keep working on them.
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
 };
 
 // Assigns tensors (visited in `order`) to buckets per dtype/device: a bucket closes when its bytes

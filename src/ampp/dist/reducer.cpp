@@ -37,6 +37,21 @@ struct Bucket {
   FuturePtr future;
 };
 
+// A tensor over `length(sizes)` elements of `contents` from `offset`, made with set_() rather
+// than narrow()/view(): an autograd view cannot serve as a .grad, because LibTorch's
+// Optimizer::zero_grad() detaches grads in place, which throws on views.
+torch::Tensor slot_alias(const torch::Tensor& contents, size_t offset, c10::IntArrayRef sizes) {
+  torch::NoGradGuard no_grad;
+  return torch::empty({0}, contents.options())
+      .set_(contents.storage(), contents.storage_offset() + static_cast<int64_t>(offset), sizes,
+            c10::contiguous_strides(sizes));
+}
+
+// True when `grad` already is this parameter's bucket slot (gradient_as_bucket_view).
+bool is_slot(const torch::Tensor& grad, const torch::Tensor& slot) {
+  return grad.is_alias_of(slot) && grad.data_ptr() == slot.data_ptr() && grad.sizes() == slot.sizes();
+}
+
 uint64_t shape_hash(const std::vector<torch::Tensor>& params) {
   uint64_t h = 1469598103934665603ULL;  // FNV-1a over dtype and sizes
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
@@ -120,9 +135,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
       const auto& first = params[bucket.vars.front()];
       bucket.contents = torch::empty({static_cast<int64_t>(total)}, first.options().requires_grad(false));
       for (size_t k = 0; k < bucket.vars.size(); ++k) {
-        bucket.views.push_back(bucket.contents.narrow(0, static_cast<int64_t>(bucket.offsets[k]),
-                                                      static_cast<int64_t>(bucket.lengths[k]))
-                                   .view(params[bucket.vars[k]].sizes()));
+        bucket.views.push_back(slot_alias(bucket.contents, bucket.offsets[k], params[bucket.vars[k]].sizes()));
         locator[bucket.vars[k]] = {b, k};
       }
       buckets.push_back(std::move(bucket));
@@ -278,17 +291,25 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
     const auto [b, slot] = locator[i];
     Bucket& bucket = buckets[b];
     auto& view = bucket.views[slot];
-    const auto& grad = params[i].grad();
+    auto& grad = params[i].mutable_grad();
     torch::NoGradGuard no_grad;
     if (grad.defined()) {
       TORCH_CHECK(grad.scalar_type() == view.scalar_type() && grad.device() == view.device(), "Expected ",
                   view.toString(), " gradient for parameter ", names[i], ", got ", grad.toString(),
                   ". DDP buckets keep each parameter's dtype/device; keep .grad in the parameter's dtype.");
-      if (hook) {
-        view.copy_(grad);
+      // Default path: pre-divide by the world size, then allreduce SUM (as PyTorch).
+      const auto inverse_world = torch::scalar_tensor(1.0 / group.size(), grad.options());
+      if (is_slot(grad, view)) {
+        // gradient_as_bucket_view: backward accumulated straight into the bucket.
+        if (!hook) view.mul_(inverse_world);
       } else {
-        // Default path: copy and pre-divide by the world size, then allreduce SUM (as PyTorch).
-        torch::mul_out(view, grad, torch::scalar_tensor(1.0 / group.size(), grad.options()));
+        if (hook) {
+          view.copy_(grad);
+        } else {
+          torch::mul_out(view, grad, inverse_world);
+        }
+        // First backward, or the grad was set to none since: from now on the grad is the slot.
+        if (options.gradient_as_bucket_view()) grad = view;
       }
     } else {
       view.zero_();
@@ -348,13 +369,24 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
       TORCH_CHECK(result.numel() == bucket.contents.numel(), "ampp::dist: the comm hook for bucket ", b,
                   " returned a tensor of ", result.numel(), " elements; it must return the bucket's ",
                   bucket.contents.numel(), " (same size as bucket.buffer()).");
+      // gradient_as_bucket_view: the grads are the bucket, so only a hook's separate result is copied.
+      if (options.gradient_as_bucket_view() && !result.is_same(bucket.contents)) bucket.contents.copy_(result);
       for (size_t k = 0; k < bucket.vars.size(); ++k) {
         const size_t v = bucket.vars[k];
-        // A parameter no rank used keeps its .grad untouched (not zeroed, not created).
+        // A parameter no rank used keeps its .grad untouched (not zeroed, not created). With
+        // gradient_as_bucket_view a grad that already is its slot was reduced in place (as PyTorch).
         if (global_used.defined() && global_used[static_cast<int64_t>(v)].item<int>() == 0) continue;
+        auto& grad = params[v].mutable_grad();
+        if (options.gradient_as_bucket_view()) {
+          // Locally unused here but used elsewhere: no grad yet, it becomes the reduced slot.
+          if (!grad.defined()) grad = bucket.views[k];
+          TORCH_CHECK(is_slot(grad, bucket.views[k]), "ampp::dist::DistributedDataParallel: the gradient of ",
+                      names[v], " was replaced during backward, so it is no longer its DDP bucket slot "
+                      "(gradient_as_bucket_view). Do not assign .grad between forward and the end of backward.");
+          continue;
+        }
         auto reduced = result.narrow(0, static_cast<int64_t>(bucket.offsets[k]), static_cast<int64_t>(bucket.lengths[k]))
                            .view(params[v].sizes());
-        auto& grad = params[v].mutable_grad();
         if (grad.defined())
           grad.copy_(reduced);
         else
