@@ -4,7 +4,8 @@
 //  * DDP's bucketed gradient allreduce vs one raw Gloo allreduce of a flat buffer of the same bytes;
 //  * bytes on the wire (loopback counters inside a private network namespace) and step time with
 //    fp16/bf16 compression hooks vs plain;
-//  * the fraction of DDP communication hidden behind backward (from the reducer's timeline).
+//  * the fraction of DDP communication hidden behind backward (from the reducer's timeline);
+//  * gradient_as_bucket_view (grads live in the buckets) vs the default copies in and out.
 // A summary with same-run ratios is printed at the end.
 #include <benchmark/benchmark.h>
 
@@ -53,7 +54,11 @@ struct CnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(Cnn);
 
-enum Cmd : int64_t { kStop, kTrainSolo, kTrainDdp, kTrainDdpFp16, kTrainDdpBf16, kFlatAllreduce, kCommPlain, kCommFp16, kCommBf16, kCommPaired };
+enum Cmd : int64_t {
+  kStop, kTrainSolo, kTrainDdp, kTrainDdpFp16, kTrainDdpBf16, kTrainDdpBucketView, kFlatAllreduce, kCommPlain, kCommFp16,
+  kCommBf16, kCommPaired
+};
+bool is_training(Cmd cmd) { return cmd >= kTrainSolo && cmd <= kTrainDdpBucketView; }
 
 ProcessGroup g_pg;
 std::map<std::string, double> g_results;  // name -> seconds per iteration (or value)
@@ -121,6 +126,16 @@ double hidden_fraction(const IterationTimeline& tl) {
   return window > 0 ? std::max(0.0, hidden) / window : 0;
 }
 
+// A DDP step that is all communication: loss = sum_i <p_i, 1>, so the grads are ones and backward
+// is a handful of trivial nodes.
+void comm_only_step(DistributedDataParallel<Cnn>& ddp, const std::vector<torch::Tensor>& params) {
+  ddp.reducer().pre_forward();
+  torch::Tensor loss = torch::zeros({});
+  for (const auto& p : params) loss = loss + p.sum();
+  ddp.reducer().post_forward({loss});
+  loss.backward();
+}
+
 // Runs command `cmd` for `iters` iterations (rank 1) or under Google Benchmark's state (rank 0).
 void run(Cmd cmd, int64_t iters, benchmark::State* st) {
   const int rank = g_pg.rank();
@@ -137,10 +152,11 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
     });
     return;
   }
-  if (cmd == kTrainDdp || cmd == kTrainDdpFp16 || cmd == kTrainDdpBf16) {
+  if (is_training(cmd)) {
     torch::manual_seed(0);
     Cnn net;
-    DistributedDataParallel ddp(net, g_pg);
+    DistributedDataParallel ddp(net, g_pg,
+                                DistributedDataParallelOptions().gradient_as_bucket_view(cmd == kTrainDdpBucketView));
     if (cmd == kTrainDdpFp16) ddp.register_builtin_comm_hook(BuiltinCommHook::FP16_COMPRESS);
     if (cmd == kTrainDdpBf16) ddp.register_builtin_comm_hook(BuiltinCommHook::BF16_COMPRESS);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -172,6 +188,12 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
     // after a barrier) and compare medians, so both see the same load.
     DistributedDataParallel ddp(net, g_pg, DistributedDataParallelOptions().broadcast_buffers(false));
     auto params = net->parameters();
+    // The same step with the grads living in the buckets (no copies in or out).
+    torch::manual_seed(0);
+    Cnn net_view;
+    DistributedDataParallel ddp_view(
+        net_view, g_pg, DistributedDataParallelOptions().broadcast_buffers(false).gradient_as_bucket_view(true));
+    auto params_view = net_view->parameters();
     std::vector<torch::Tensor> flat{torch::ones({numel})};
     // DDP's bucket layout as plain flat tensors: the bucketing cost alone, without autograd/hooks
     // and without the rank skew that hook timing adds.
@@ -181,7 +203,7 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
       for (auto i : idx) n += params[i].numel();
       bucket_buffers.push_back(torch::ones({n}));
     }
-    std::vector<double> t_flat, t_window, t_step, t_buckets;
+    std::vector<double> t_flat, t_window, t_step, t_buckets, t_step_view;
     loop(st, iters, [&] {
       g_pg.c10d()->barrier()->wait();
       auto t0 = Clock::now();
@@ -198,13 +220,13 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
       t_buckets.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       g_pg.c10d()->barrier()->wait();
       t0 = Clock::now();
-      ddp.reducer().pre_forward();
-      torch::Tensor loss = torch::zeros({});
-      for (const auto& p : params) loss = loss + p.sum();
-      ddp.reducer().post_forward({loss});
-      loss.backward();
+      comm_only_step(ddp, params);
       t_step.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       t_window.push_back(allreduce_window(ddp.reducer().last_timeline()));
+      g_pg.c10d()->barrier()->wait();
+      t0 = Clock::now();
+      comm_only_step(ddp_view, params_view);
+      t_step_view.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     });
     if (st) {
       auto median = [](std::vector<double> v) {
@@ -219,6 +241,8 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
       g_results["paired_flat"] = median(t_flat);
       g_results["paired_window"] = median(t_window);
       g_results["paired_step"] = median(t_step);
+      g_results["paired_step_view"] = median(t_step_view);
+      st->counters["ddp_step_bucket_view_ms"] = 1e3 * median(t_step_view);
     }
     return;
   }
@@ -240,16 +264,11 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
   if (cmd == kCommFp16) ddp.register_builtin_comm_hook(BuiltinCommHook::FP16_COMPRESS);
   if (cmd == kCommBf16) ddp.register_builtin_comm_hook(BuiltinCommHook::BF16_COMPRESS);
   auto params = net->parameters();
-  // loss = sum_i <p_i, 1>: grads are ones, backward is a handful of trivial nodes.
   const auto tx0 = lo_tx_bytes();
   int64_t n = 0;
   double window = 0;
   loop(st, iters, [&] {
-    ddp.reducer().pre_forward();
-    torch::Tensor loss = torch::zeros({});
-    for (const auto& p : params) loss = loss + p.sum();
-    ddp.reducer().post_forward({loss});
-    loss.backward();
+    comm_only_step(ddp, params);
     window += allreduce_window(ddp.reducer().last_timeline());
     ++n;
   });
@@ -266,7 +285,7 @@ void leader(benchmark::State& st, Cmd cmd, const char* name) {
   const auto t0 = Clock::now();
   run(cmd, st.max_iterations, &st);
   g_results[name] = std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(st.iterations());
-  if (cmd == kTrainSolo || cmd == kTrainDdp || cmd == kTrainDdpFp16 || cmd == kTrainDdpBf16)
+  if (is_training(cmd))
     st.counters["samples_per_s"] = benchmark::Counter(static_cast<double>(kGlobalBatch * st.iterations()),
                                                       benchmark::Counter::kIsRate);
 }
@@ -304,6 +323,11 @@ void summary() {
   if (plain > 0)
     std::printf("comm-only step fp16 / plain: %.2f, bf16 / plain: %.2f\n", get("ddp_comm_fp16") / plain,
                 get("ddp_comm_bf16") / plain);
+  if (get("paired_step_view") > 0)
+    std::printf("gradient_as_bucket_view, paired: comm-only DDP step %.2f ms vs %.2f ms copying -> %.2fx the time\n",
+                1e3 * get("paired_step_view"), 1e3 * get("paired_step"), get("paired_step_view") / get("paired_step"));
+  if (ddp > 0 && get("train_ddp2_bucket_view") > 0)
+    std::printf("training step gradient_as_bucket_view / plain: %.2f\n", get("train_ddp2_bucket_view") / ddp);
   std::printf("fraction of communication hidden behind backward (plain DDP training): %.2f\n",
               get(fmt::format("hidden{}", static_cast<int>(kTrainDdp)).c_str()));
 }
@@ -342,6 +366,7 @@ AMPP_DDP_BENCH(train_1proc, kTrainSolo, 15);
 AMPP_DDP_BENCH(train_ddp2, kTrainDdp, 15);
 AMPP_DDP_BENCH(train_ddp2_fp16, kTrainDdpFp16, 15);
 AMPP_DDP_BENCH(train_ddp2_bf16, kTrainDdpBf16, 15);
+AMPP_DDP_BENCH(train_ddp2_bucket_view, kTrainDdpBucketView, 15);
 AMPP_DDP_BENCH(flat_allreduce, kFlatAllreduce, 30);
 AMPP_DDP_BENCH(ddp_comm_plain, kCommPlain, 30);
 AMPP_DDP_BENCH(ddp_vs_flat_paired, kCommPaired, 41);
