@@ -4,6 +4,7 @@
 
 #include <numeric>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <torch/torch.h>
@@ -197,6 +198,80 @@ TEST(DDP, TinyBucketsOverlapBackwardWithUnchangedResults) {
       EXPECT_LE(b.completed, tl.finalize_end);
     }
   }));
+}
+
+namespace {
+// The Mlp's layers registered in the reverse of the order forward uses them: registration order is
+// then the order gradients become ready, the opposite of what the initial buckets assume.
+struct ReversedMlpImpl : torch::nn::Module {
+  torch::nn::Linear l3{nullptr}, l2{nullptr}, l1{nullptr};
+  ReversedMlpImpl() {
+    l3 = register_module("l3", torch::nn::Linear(32, 4));
+    l2 = register_module("l2", torch::nn::Linear(32, 32));
+    l1 = register_module("l1", torch::nn::Linear(8, 32));
+  }
+  torch::Tensor forward(torch::Tensor x) { return l3(torch::relu(l2(torch::relu(l1(x))))); }
+};
+TORCH_MODULE(ReversedMlp);
+
+// Buckets as sets: the order of two parameters inside a bucket follows autograd's hook order.
+std::vector<std::set<size_t>> as_sets(const std::vector<std::vector<size_t>>& buckets) {
+  std::vector<std::set<size_t>> sets;
+  for (const auto& b : buckets) sets.emplace_back(b.begin(), b.end());
+  return sets;
+}
+}  // namespace
+
+TEST(DDP, BucketsAreRebuiltInTheOrderGradientsBecameReady) {
+  for (bool as_view : {false, true}) {
+    const int port = free_port();
+    expect_all_ok(run_ranks(2, [&](int rank) {
+      auto pg = init_tcp(rank, 2, port);
+      torch::manual_seed(rank + 1);
+      ReversedMlp model;
+      // Parameters: 0 l3.weight (512 B), 1 l3.bias (16), 2 l2.weight (4096), 3 l2.bias (128),
+      // 4 l1.weight (1024), 5 l1.bias (128). Limits [520 B, 4200 B]. Reverse registration order
+      // 5, 4, ... gives {5, 4} (1152 B), {3, 2} (4224 B), {1, 0}: l1 first, whose gradients come last.
+      DistributedDataParallel ddp(model, pg, DistributedDataParallelOptions()
+                                                 .bucket_cap_mb(4200.0 / (1024 * 1024))
+                                                 .first_bucket_bytes(520)
+                                                 .gradient_as_bucket_view(as_view));
+      ASSERT_EQ(ddp.reducer().bucket_indices(), (std::vector<std::vector<size_t>>{{5, 4}, {3, 2}, {1, 0}}));
+      // Reference: one process on the union batch, rank 0's initial weights.
+      torch::manual_seed(1);
+      ReversedMlp ref;
+      torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+      for (int step = 0; step < 3; ++step) {
+        opt.zero_grad();
+        auto d = rank_batch(step, rank);
+        torch::mse_loss(ddp->forward(d.x), d.y).backward();
+        ref_opt.zero_grad();
+        auto g = global_batch(step);
+        torch::mse_loss(ref->forward(g.x), g.y).backward();
+        EXPECT_LE(rel_err(flat_grads(model->parameters()), flat_grads(ref->parameters())), 1e-6)
+            << "step " << step << " as_view " << as_view;
+        const auto tl = ddp.reducer().last_timeline();
+        if (step == 0) {
+          // Bucket 0 holds l1, whose gradients are the last ones: it cannot start before backward ends.
+          EXPECT_GE(tl.buckets.front().launched, tl.last_hook);
+        } else {
+          // Rebuilt before step 1's forward: l3 first, l2, then l1; bucket 0 starts during backward.
+          EXPECT_EQ(as_sets(ddp.reducer().bucket_indices()),
+                    (std::vector<std::set<size_t>>{{0, 1}, {2, 3}, {4, 5}}));
+          EXPECT_LT(tl.buckets.front().launched, tl.last_hook) << "step " << step;
+        }
+        if (as_view) {
+          // Still bucket slots after the rebuild: l3's two grads share a bucket, l2's another one.
+          const auto params = model->parameters();
+          EXPECT_TRUE(params[0].grad().is_alias_of(params[1].grad())) << "step " << step;
+          EXPECT_FALSE(params[1].grad().is_alias_of(params[2].grad())) << "step " << step;
+        }
+        opt.step();
+        ref_opt.step();
+      }
+    }));
+  }
 }
 
 TEST(DDP, CompressionHooksWithinTheirPrecision) {

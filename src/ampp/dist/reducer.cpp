@@ -1,8 +1,9 @@
 // DDP's reducer. Per iteration:
-//  forward:  pre_forward() checks that the previous backward reduced everything, re-broadcasts
+//  forward:  pre_forward() checks that the previous backward reduced everything, rebuilds the
+//            buckets once in the order the first backward's gradients became ready, re-broadcasts
 //            buffers; post_forward() arms the hooks (and finds unused parameters if asked).
 //  backward: a post hook on each parameter's AccumulateGrad node copies the fresh .grad into its
-//            bucket slot; when a bucket is complete its allreduce starts at once (in bucket order),
+//            bucket slot (or finds it already there: gradient_as_bucket_view); when a bucket is complete its allreduce starts at once (in bucket order),
 //            overlapping the rest of backward. After the last bucket, a callback queued on the
 //            autograd engine waits for all of them when the graph finishes and writes the averaged
 //            gradients back, so the optimizer sees them as soon as backward() returns.
@@ -108,19 +109,23 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   size_t next_bucket = 0;
   std::vector<char> ready;
   std::vector<size_t> unused;       // locally unused (find_unused_parameters)
+  bool has_rebuilt_buckets = false;
+  std::vector<size_t> ready_order;  // until the rebuild: params in the order their grads became ready
   torch::Tensor local_used;         // int32 per param, allreduced to learn global use
   FuturePtr used_future;
 
   mutable std::mutex timeline_mu;
   IterationTimeline timeline, last_timeline;
 
-  void build_buckets() {
+  // Buckets fill in `order`, which should be the order gradients become ready in backward, so that
+  // buckets complete (and start communicating) one after another while backward still runs.
+  std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order) const {
     const auto cap = static_cast<int64_t>(options.bucket_cap_mb() * 1024.0 * 1024.0);
-    // Reverse registration order approximates the order gradients become ready in backward, so
-    // buckets complete (and start communicating) one after another while backward still runs.
-    std::vector<size_t> order(params.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
-    bucket_indices = compute_bucket_assignment_by_size(params, {options.first_bucket_bytes(), cap}, order);
+    return compute_bucket_assignment_by_size(params, {options.first_bucket_bytes(), cap}, order);
+  }
+
+  void build_buckets(std::vector<std::vector<size_t>> indices) {
+    bucket_indices = std::move(indices);
     buckets.clear();
     locator.assign(params.size(), {0, 0});
     for (size_t b = 0; b < bucket_indices.size(); ++b) {
@@ -140,6 +145,27 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
       }
       buckets.push_back(std::move(bucket));
     }
+  }
+
+  // PyTorch's rebuild_buckets: the first synchronised backward records the order gradients became
+  // ready; before the next one, buckets are rebuilt in rank 0's order (ranks may see different
+  // orders, and all must bucket alike). Once, and not with find_unused_parameters (as PyTorch).
+  void rebuild_buckets_once() {
+    if (has_rebuilt_buckets || options.find_unused_parameters() || ready_order.size() != params.size()) return;
+    has_rebuilt_buckets = true;
+    auto order_tensor = torch::tensor(std::vector<int64_t>(ready_order.begin(), ready_order.end()), torch::kLong);
+    std::vector<torch::Tensor> broadcast{order_tensor};
+    group.c10d()->broadcast(broadcast, c10d::BroadcastOptions{0, 0})->wait();
+    const auto* rank0 = order_tensor.data_ptr<int64_t>();
+    const std::vector<size_t> order(rank0, rank0 + order_tensor.numel());
+    ready_order = {};
+    auto indices = assign_buckets(order);
+    if (indices == bucket_indices) return;
+    // With gradient_as_bucket_view the grads still are slots of the old buckets (which they keep
+    // alive); the next backward copies each into its new slot and re-points it, as after set-to-none.
+    build_buckets(std::move(indices));
+    log_info("DistributedDataParallel: buckets rebuilt in the order gradients became ready: {}",
+             fmt::join(bucket_indices, " "));
   }
 
   void install_hooks() {
@@ -217,6 +243,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
     first_hook_seen = false;
     next_bucket = 0;
     ready.assign(params.size(), 0);
+    if (!has_rebuilt_buckets) ready_order.clear();
     for (auto& b : buckets) {
       b.pending = b.vars.size();
       b.future.reset();
@@ -267,6 +294,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
       timeline.last_hook = now;
     }
     if (options.find_unused_parameters()) local_used[static_cast<int64_t>(i)] = 1;
+    if (!has_rebuilt_buckets) ready_order.push_back(i);
     if (!first_hook_seen) {
       first_hook_seen = true;
       for (size_t u : unused) mark_variable_ready(u);  // contribute zeros for locally unused params
@@ -435,7 +463,11 @@ Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, ProcessGroup group, 
   state.insert(state.end(), s.buffers.begin(), s.buffers.end());
   broadcast_coalesced(s.group, state, kBroadcastChunkBytes, 0);
 
-  s.build_buckets();
+  // Until the first backward shows the real order: reverse registration order, the order in which
+  // a feed-forward model's gradients become ready.
+  std::vector<size_t> reverse_registration(s.params.size());
+  for (size_t i = 0; i < reverse_registration.size(); ++i) reverse_registration[i] = reverse_registration.size() - 1 - i;
+  s.build_buckets(s.assign_buckets(reverse_registration));
   s.install_hooks();
   log_info("DistributedDataParallel: {} parameters in {} buckets (cap {} MiB, first {} bytes), world size {}",
            s.params.size(), s.buckets.size(), options.bucket_cap_mb(), options.first_bucket_bytes(), s.group.size());
@@ -446,7 +478,10 @@ Reducer::~Reducer() = default;
 void Reducer::pre_forward() {
   auto& s = *impl_;
   s.refresh_hooks();
-  if (torch::GradMode::is_enabled() && s.require_backward_grad_sync) s.ensure_prior_reduction_finished();
+  if (torch::GradMode::is_enabled() && s.require_backward_grad_sync) {
+    s.ensure_prior_reduction_finished();
+    s.rebuild_buckets_once();
+  }
   if (s.options.broadcast_buffers() && s.require_forward_param_sync && !s.buffers.empty())
     broadcast_coalesced(s.group, s.buffers, kBroadcastChunkBytes, 0);
 }
