@@ -449,9 +449,10 @@ TEST(DDP, GradientAsBucketViewIsBitIdenticalToCopying) {
   expect_all_ok(run_ranks(2, [&](int rank) {
     auto pg = init_tcp(rank, 2, port);
     const auto tiny = DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256);
-    for (std::optional<BuiltinCommHook> hook : {std::optional<BuiltinCommHook>(), std::optional(BuiltinCommHook::FP16_COMPRESS)}) {
+    const auto as_view = DistributedDataParallelOptions(tiny).gradient_as_bucket_view(true);
+    for (auto hook : {std::optional<BuiltinCommHook>(), std::optional(BuiltinCommHook::FP16_COMPRESS)}) {
       const auto copying = train_steps(pg, rank, tiny, hook);
-      const auto viewing = train_steps(pg, rank, DistributedDataParallelOptions(tiny).gradient_as_bucket_view(true), hook);
+      const auto viewing = train_steps(pg, rank, as_view, hook);
       for (size_t s = 0; s < copying.grads.size(); ++s)
         EXPECT_TRUE(torch::equal(copying.grads[s], viewing.grads[s])) << "step " << s << ", hook " << hook.has_value();
       EXPECT_TRUE(torch::equal(copying.params, viewing.params)) << "hook " << hook.has_value();

@@ -3,10 +3,11 @@
 //            buckets once in the order the first backward's gradients became ready, re-broadcasts
 //            buffers; post_forward() arms the hooks (and finds unused parameters if asked).
 //  backward: a post hook on each parameter's AccumulateGrad node copies the fresh .grad into its
-//            bucket slot (or finds it already there: gradient_as_bucket_view); when a bucket is complete its allreduce starts at once (in bucket order),
-//            overlapping the rest of backward. After the last bucket, a callback queued on the
-//            autograd engine waits for all of them when the graph finishes and writes the averaged
-//            gradients back, so the optimizer sees them as soon as backward() returns.
+//            bucket slot (or finds it already there: gradient_as_bucket_view); when a bucket is
+//            complete its allreduce starts at once (in bucket order), overlapping the rest of
+//            backward. After the last bucket, a callback queued on the autograd engine waits for
+//            all of them when the graph finishes and writes the averaged gradients back, so the
+//            optimizer sees them as soon as backward() returns.
 #include <ampp/dist/reducer.h>
 
 #include <ampp/dist/log.h>
