@@ -327,15 +327,15 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
                   view.toString(), " gradient for parameter ", names[i], ", got ", grad.toString(),
                   ". DDP buckets keep each parameter's dtype/device; keep .grad in the parameter's dtype.");
       // Default path: pre-divide by the world size, then allreduce SUM (as PyTorch).
-      const auto inverse_world = torch::scalar_tensor(1.0 / group.size(), grad.options());
+      auto inverse_world = [&] { return torch::scalar_tensor(1.0 / group.size(), grad.options()); };
       if (is_slot(grad, view)) {
         // gradient_as_bucket_view: backward accumulated straight into the bucket.
-        if (!hook) view.mul_(inverse_world);
+        if (!hook) view.mul_(inverse_world());
       } else {
         if (hook) {
           view.copy_(grad);
         } else {
-          torch::mul_out(view, grad, inverse_world);
+          torch::mul_out(view, grad, inverse_world());
         }
         // First backward, or the grad was set to none since: from now on the grad is the slot.
         if (options.gradient_as_bucket_view()) grad = view;
