@@ -1,4 +1,4 @@
-find_package(Torch REQUIRED)
+include(${CMAKE_CURRENT_LIST_DIR}/AmppTorch.cmake)  # AMPP_TORCH: wheel or debian
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json REQUIRED)

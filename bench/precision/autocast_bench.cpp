@@ -20,7 +20,7 @@
 #include <ampp/train/models.h>
 #include <ampp/train/threads.h>
 
-#include <ATen/autocast_mode.h>
+#include <ampp/precision/torch_compat.h>
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -48,13 +48,13 @@ const char* name_of(Mode m) {
 // LibTorch's own CPU autocast, the way a C++ user writes it without ampp.
 struct LibTorchAutocast {
   LibTorchAutocast() {
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    ampp::precision::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+    ampp::precision::compat::set_autocast_dtype(c10::DeviceType::CPU, at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~LibTorchAutocast() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(false);
+    ampp::precision::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
   }
 };
 

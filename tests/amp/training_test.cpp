@@ -4,6 +4,7 @@
 #include "amp/reference_nets.h"
 #include "amp/test_util.h"
 
+#include <ampp/amp/torch_compat.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -129,7 +130,7 @@ TEST(TrainOptimizers, O2OptimizerStateLivesWithTheMasters) {
   ASSERT_TRUE(amp.step());
   ASSERT_EQ(opt.state().size(), net->parameters().size());
   for (const auto& m : amp.master_params(opt)) {
-    auto& s = static_cast<torch::optim::AdamParamState&>(*opt.state().at(c10::guts::to_string(m.unsafeGetTensorImpl())));
+    auto& s = static_cast<torch::optim::AdamParamState&>(*opt.state().at(ampp::amp::compat::optimizer_state_key(m)));
     EXPECT_EQ(s.exp_avg().scalar_type(), torch::kFloat);
     EXPECT_EQ(s.step(), 1);
   }

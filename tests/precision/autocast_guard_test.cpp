@@ -73,7 +73,7 @@ TEST_F(AutocastGuard, ExceptionUnwindingRestoresEveryLevel) {
   }
   EXPECT_FALSE(ampp::is_autocast_enabled());
   EXPECT_FALSE(ampp::is_fp16_emulated());
-  EXPECT_EQ(at::autocast::get_autocast_cpu_dtype(), torch::kBFloat16);
+  EXPECT_EQ(ampp::precision::compat::autocast_dtype(c10::DeviceType::CPU), torch::kBFloat16);
   EXPECT_EQ(at::autocast::increment_nesting(), nesting_before + 1);
   at::autocast::decrement_nesting();
   // An error raised by an op inside the region unwinds the same way.
@@ -173,9 +173,9 @@ TEST_F(AutocastGuard, LibTorchFlagAloneBehavesLikeLibTorch) {
   {
     ampp::autocast warm(torch::kCPU, torch::kBFloat16);  // makes sure ampp's kernels are installed
   }
-  at::autocast::set_cpu_enabled(true);
+  ampp::precision::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
   auto y = torch::mm(torch::ones({2, 2}), torch::ones({2, 2}));
-  at::autocast::set_cpu_enabled(false);
+  ampp::precision::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
   at::autocast::clear_cache();
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
 }

@@ -225,9 +225,9 @@ TEST_F(OpRegistration, BadRegistrationsAreClearErrors) {
 TEST_F(OpRegistration, UninstallRestoresLibTorchKernels) {
   ampp::precision::uninstall_autocast_kernels();
   // LibTorch's own CPU autocast refuses fp16; with ampp's kernels removed, bf16 still works.
-  at::autocast::set_cpu_enabled(true);
+  ampp::precision::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
   auto y = torch::mm(torch::ones({2, 2}), torch::ones({2, 2}));
-  at::autocast::set_cpu_enabled(false);
+  ampp::precision::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
   at::autocast::clear_cache();
   EXPECT_EQ(y.scalar_type(), kBF16);
   ampp::precision::install_autocast_kernels();

@@ -2,7 +2,7 @@
 // Helpers shared by the precision tests.
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
+#include <ampp/precision/torch_compat.h>
 #include <torch/torch.h>
 
 #include <gmock/gmock.h>
@@ -15,7 +15,7 @@ struct OneThread : ::testing::Test {
   void SetUp() override { at::set_num_threads(1); }
   void TearDown() override {
     // Every test must leave the thread without an active region.
-    EXPECT_FALSE(at::autocast::is_cpu_enabled());
+    EXPECT_FALSE(ampp::precision::compat::autocast_enabled(c10::DeviceType::CPU));
   }
 };
 

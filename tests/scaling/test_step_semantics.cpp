@@ -4,9 +4,10 @@
 
 #include "scaler_test_util.h"
 
-#include <ATen/autocast_mode.h>
+#include <ampp/precision/torch_compat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <ampp/amp/torch_compat.h>
 
 namespace {
 
@@ -47,7 +48,7 @@ std::vector<torch::Tensor> optimizer_state(torch::optim::Optimizer& opt) {
   std::vector<torch::Tensor> out;
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
-      auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = opt.state().find(ampp::amp::compat::optimizer_state_key(p));
       if (it == opt.state().end()) continue;
       if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
         out.push_back(sgd->momentum_buffer().clone());
@@ -321,10 +322,10 @@ TEST(Training, SmallMlpWithBf16AutocastAndScalerLearns) {
     torch::Tensor out;
     {
       // RAII-free autocast region, as torch.autocast would do: enable, forward, disable, clear cache.
-      at::autocast::set_cpu_enabled(true);
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      ampp::precision::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+      ampp::precision::compat::set_autocast_dtype(c10::DeviceType::CPU, at::kBFloat16);
       out = net->forward(x);
-      at::autocast::set_cpu_enabled(false);
+      ampp::precision::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
       at::autocast::clear_cache();
     }
     EXPECT_EQ(out.scalar_type(), at::kBFloat16);  // autocast really ran the linears in bf16

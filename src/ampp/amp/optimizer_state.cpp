@@ -40,8 +40,6 @@ void cast_state(torch::optim::OptimizerParamState& state, c10::ScalarType dtype)
 
 }  // namespace
 
-std::string state_key(const torch::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
-
 void move_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& from, const torch::Tensor& to) {
   auto& states = optimizer.state();
   auto it = states.find(state_key(from));

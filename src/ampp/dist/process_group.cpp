@@ -5,6 +5,8 @@
 
 #include <ampp/dist/log.h>
 
+#include "torch_compat.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -21,8 +23,6 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace ampp::dist {
 namespace {
@@ -161,8 +161,7 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port
   } catch (const std::exception& e) {
     const std::string what = e.what();
     if (rank == 0) {
-      const bool in_use = what.find("ddress already in use") != std::string::npos ||
-                          what.find("errno: 98") != std::string::npos;
+      const bool in_use = compat::is_address_in_use(what);
       TORCH_CHECK(!in_use, "ampp::dist::init_process_group: rank 0 cannot listen on port ", port, " (", origin,
                   "): the port is already in use (another job or a leftover process holds it). "
                   "Pick a free port (MASTER_PORT / tcp://host:PORT, `ampp run --master-port`) or stop "
@@ -257,7 +256,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const std::string& backend,
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(device_address));
     else
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
+    return compat::make_gloo_process_group(store, rank, world, opts);
   }
   TORCH_CHECK(backend == "nccl" || backend == "mpi", "ampp::dist::init_process_group: unknown backend '", backend,
               "'. Use \"gloo\" (CPU), \"nccl\" (CUDA) or \"mpi\".");

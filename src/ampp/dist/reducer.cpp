@@ -12,6 +12,8 @@
 
 #include <ampp/dist/log.h>
 
+#include "torch_compat.h"
+
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -94,7 +96,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;
   std::vector<torch::Tensor> buffers;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<compat::NodePtr> accumulators;
   std::unordered_map<const torch::autograd::Node*, size_t> accumulator_index;
   std::vector<std::vector<size_t>> bucket_indices;
   std::vector<Bucket> buckets;
@@ -179,7 +181,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
     }
   }
 
-  void install_hook(size_t i, std::shared_ptr<torch::autograd::Node> acc) {
+  void install_hook(size_t i, compat::NodePtr acc) {
     std::weak_ptr<Impl> weak = shared_from_this();
     acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
@@ -273,7 +275,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
     std::vector<torch::autograd::Node*> stack;
     for (const auto& o : outputs) {
       if (!o.defined() || !o.requires_grad()) continue;
-      auto fn = o.grad_fn() ? o.grad_fn() : torch::autograd::impl::try_get_grad_accumulator(o);
+      compat::NodePtr fn = o.grad_fn();
+      if (!fn) fn = torch::autograd::impl::try_get_grad_accumulator(o);
       if (fn && seen.insert(fn.get()).second) stack.push_back(fn.get());
     }
     while (!stack.empty()) {

@@ -5,7 +5,7 @@
 #include <ampp/autocast.h>
 #include <ampp/precision/cpu_features.h>
 
-#include <ATen/autocast_mode.h>
+#include "torch_compat.h"
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
@@ -79,19 +79,19 @@ autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enab
   if (device_type == c10::DeviceType::CPU) {
     if (enabled) precision::detail::ensure_kernels_installed();
     auto& region = precision::detail::cpu_region();
-    saved_.libtorch_enabled = at::autocast::is_cpu_enabled();
-    saved_.libtorch_dtype = at::autocast::get_autocast_cpu_dtype();
+    saved_.libtorch_enabled = precision::compat::autocast_enabled(c10::DeviceType::CPU);
+    saved_.libtorch_dtype = precision::compat::autocast_dtype(c10::DeviceType::CPU);
     saved_.libtorch_cache_enabled = at::autocast::is_autocast_cache_enabled();
     saved_.active = region.active;
     saved_.dtype = region.dtype;
     saved_.bf16_compute = region.bf16_compute;
     saved_.allow_banned = region.allow_banned;
 
-    at::autocast::set_cpu_enabled(enabled);
+    precision::compat::set_autocast_enabled(c10::DeviceType::CPU, enabled);
     if (enabled) {
       // LibTorch's CPU autocast accepts only bf16; under fp16 it stays the carrier for the few
       // LibTorch kernels ampp does not replace, while ampp's kernels read region.dtype.
-      at::autocast::set_autocast_cpu_dtype(c10::ScalarType::BFloat16);
+      precision::compat::set_autocast_dtype(c10::DeviceType::CPU, c10::ScalarType::BFloat16);
       region.active = true;
       region.dtype = dtype;
       region.bf16_compute =
@@ -108,11 +108,11 @@ autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enab
 #if AMPP_HAS_CUDA
     TORCH_CHECK(!enabled || torch::cuda::is_available(),
                 "ampp::autocast: CUDA autocast requested but no CUDA device is available; use torch::kCPU");
-    saved_.libtorch_enabled = at::autocast::is_enabled();
-    saved_.libtorch_dtype = at::autocast::get_autocast_gpu_dtype();
+    saved_.libtorch_enabled = precision::compat::autocast_enabled(c10::DeviceType::CUDA);
+    saved_.libtorch_dtype = precision::compat::autocast_dtype(c10::DeviceType::CUDA);
     saved_.libtorch_cache_enabled = at::autocast::is_autocast_cache_enabled();
-    at::autocast::set_enabled(enabled);
-    if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
+    precision::compat::set_autocast_enabled(c10::DeviceType::CUDA, enabled);
+    if (enabled) precision::compat::set_autocast_dtype(c10::DeviceType::CUDA, dtype);
     at::autocast::set_autocast_cache_enabled(options.cache_enabled());
     at::autocast::increment_nesting();
     return;
@@ -135,8 +135,8 @@ autocast::~autocast() {
       at::autocast::clear_cache();
       precision::detail::clear_fp16_cache();
     }
-    at::autocast::set_cpu_enabled(saved_.libtorch_enabled);
-    at::autocast::set_autocast_cpu_dtype(saved_.libtorch_dtype);
+    precision::compat::set_autocast_enabled(c10::DeviceType::CPU, saved_.libtorch_enabled);
+    precision::compat::set_autocast_dtype(c10::DeviceType::CPU, saved_.libtorch_dtype);
     at::autocast::set_autocast_cache_enabled(saved_.libtorch_cache_enabled);
     auto& region = precision::detail::cpu_region();
     region.active = saved_.active;
@@ -148,32 +148,32 @@ autocast::~autocast() {
 #if AMPP_HAS_CUDA
   if (device_type_ == c10::DeviceType::CUDA) {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_enabled(saved_.libtorch_enabled);
-    at::autocast::set_autocast_gpu_dtype(saved_.libtorch_dtype);
+    precision::compat::set_autocast_enabled(c10::DeviceType::CUDA, saved_.libtorch_enabled);
+    precision::compat::set_autocast_dtype(c10::DeviceType::CUDA, saved_.libtorch_dtype);
     at::autocast::set_autocast_cache_enabled(saved_.libtorch_cache_enabled);
   }
 #endif
 }
 
 bool is_autocast_enabled(c10::DeviceType device_type) {
-  if (device_type == c10::DeviceType::CPU) return at::autocast::is_cpu_enabled();
-  if (device_type == c10::DeviceType::CUDA) return at::autocast::is_enabled();
+  if (device_type == c10::DeviceType::CPU) return precision::compat::autocast_enabled(c10::DeviceType::CPU);
+  if (device_type == c10::DeviceType::CUDA) return precision::compat::autocast_enabled(c10::DeviceType::CUDA);
   return false;
 }
 
 c10::ScalarType autocast_dtype(c10::DeviceType device_type) {
   if (device_type == c10::DeviceType::CPU) {
     const auto& region = precision::detail::cpu_region();
-    return region.active ? region.dtype : at::autocast::get_autocast_cpu_dtype();
+    return region.active ? region.dtype : precision::compat::autocast_dtype(c10::DeviceType::CPU);
   }
-  if (device_type == c10::DeviceType::CUDA) return at::autocast::get_autocast_gpu_dtype();
+  if (device_type == c10::DeviceType::CUDA) return precision::compat::autocast_dtype(c10::DeviceType::CUDA);
   TORCH_CHECK(false, "ampp::autocast_dtype: no autocast for device type '", c10::DeviceTypeName(device_type),
               "'; ask for torch::kCPU or torch::kCUDA");
 }
 
 bool is_fp16_emulated() {
   const auto& region = precision::detail::cpu_region();
-  return at::autocast::is_cpu_enabled() && region.active && region.dtype == c10::ScalarType::Half;
+  return precision::compat::autocast_enabled(c10::DeviceType::CPU) && region.active && region.dtype == c10::ScalarType::Half;
 }
 
 Bf16Compute current_bf16_compute() {

@@ -9,7 +9,7 @@
 #include <ampp/precision/rounding.h>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
+#include "torch_compat.h"
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -147,7 +147,7 @@ bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::Disp
 
 void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack) {
   const auto& region = cpu_region();
-  const c10::ScalarType lower = region.active ? region.dtype : at::autocast::get_autocast_cpu_dtype();
+  const c10::ScalarType lower = region.active ? region.dtype : compat::autocast_dtype(c10::DeviceType::CPU);
   const bool fp16 = lower == at::kHalf;
   const bool fp32_compute = region.active && !fp16 && region.bf16_compute == Bf16Compute::fp32;
   const size_t n = op.schema().arguments().size();
@@ -190,13 +190,10 @@ void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
 
 // LibTorch warns "Overriding a previously registered kernel" once per replaced op; that is the
 // intended effect here, so those warnings are dropped while ampp registers.
-struct QuietOverrides : c10::WarningHandler {
-  c10::WarningHandler* previous = c10::Warning::get_warning_handler();
-  void process(const c10::SourceLocation& loc, const std::string& msg, bool verbatim) override {
-    if (msg.find("Overriding a previously registered kernel") != std::string::npos) return;
-    previous->process(loc, msg, verbatim);
-  }
-};
+bool is_override_warning(const std::string& msg) {
+  return msg.find("Overriding a previously registered kernel") != std::string::npos;
+}
+using QuietOverrides = compat::WarningFilter<decltype(&is_override_warning)>;
 
 struct Installed {
   std::mutex mutex;
@@ -216,8 +213,7 @@ Installed& installed() {
 
 void install_locked(Installed& inst) {
   if (inst.library) return;
-  QuietOverrides quiet;
-  c10::Warning::WarningHandlerGuard guard(&quiet);
+  QuietOverrides quiet(&is_override_warning);
   inst.library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                                   c10::make_optional(c10::DispatchKey::AutocastCPU), __FILE__,
                                                   __LINE__);
@@ -243,8 +239,7 @@ void install_kernel_for(const std::string& key, c10::DeviceType device_type) {
   auto& inst = installed();
   std::lock_guard<std::mutex> lock(inst.mutex);
   if (!inst.library) return;  // installed with the full table on first use
-  QuietOverrides quiet;
-  c10::Warning::WarningHandlerGuard guard(&quiet);
+  QuietOverrides quiet(&is_override_warning);
   inst.add(key);
 }
 

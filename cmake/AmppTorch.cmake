@@ -1,0 +1,72 @@
+# Finds LibTorch. One switch, AMPP_TORCH, says which one (docs/build.md, "Supported LibTorch"):
+#   wheel  (default) the torch==2.13.0 wheel in the checkout's .venv (scripts/install-deps.sh makes it);
+#          CMake finds it through torch.utils.cmake_prefix_path of AMPP_PYTHON.
+#   debian whatever find_package(Torch) finds on its own: Debian's libtorch-dev (1.13.1 on Debian 12,
+#          2.6 on Debian 13), or a LibTorch archive named with -DTorch_DIR=... .
+set(AMPP_TORCH "wheel" CACHE STRING "Which LibTorch to build against: wheel or debian")
+set_property(CACHE AMPP_TORCH PROPERTY STRINGS wheel debian)
+set(AMPP_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
+    "Python whose torch package provides LibTorch (AMPP_TORCH=wheel) and the oracle tests")
+
+if(AMPP_TORCH STREQUAL "wheel")
+  execute_process(COMMAND ${AMPP_PYTHON} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+                  OUTPUT_VARIABLE _prefix OUTPUT_STRIP_TRAILING_WHITESPACE
+                  ERROR_VARIABLE _error RESULT_VARIABLE _result)
+  if(NOT _result EQUAL 0)
+    message(FATAL_ERROR "AMPP_TORCH=wheel: '${AMPP_PYTHON}' cannot import torch (${_error}).\n"
+      "Fix: run scripts/install-deps.sh (it creates .venv with torch==2.13.0), point -DAMPP_PYTHON at a "
+      "Python that has torch, or build against Debian's libtorch-dev with AMPP_TORCH=debian.")
+  endif()
+  # TorchConfig's own look-ups (Caffe2, libtorch, libc10) search the system paths first, so with
+  # Debian's libtorch-dev also installed they silently mix 1.13 into the build: search only the wheel.
+  set(CMAKE_FIND_USE_CMAKE_SYSTEM_PATH OFF)
+  set(CMAKE_FIND_USE_SYSTEM_ENVIRONMENT_PATH OFF)
+  find_package(Torch REQUIRED PATHS ${_prefix}/Torch NO_DEFAULT_PATH)
+  unset(CMAKE_FIND_USE_CMAKE_SYSTEM_PATH)
+  unset(CMAKE_FIND_USE_SYSTEM_ENVIRONMENT_PATH)
+  foreach(_found Caffe2_DIR TORCH_LIBRARY c10_LIBRARY)
+    if(${_found} AND NOT ${_found} MATCHES "^${TORCH_INSTALL_PREFIX}")
+      message(FATAL_ERROR "AMPP_TORCH=wheel, but ${_found}=${${_found}} is outside the wheel "
+        "(${TORCH_INSTALL_PREFIX}). Fix: remove the build folder's CMakeCache.txt and configure again.")
+    endif()
+  endforeach()
+elseif(AMPP_TORCH STREQUAL "debian")
+  find_package(Torch REQUIRED)
+else()
+  message(FATAL_ERROR "AMPP_TORCH='${AMPP_TORCH}' is not known: use wheel (the default) or debian")
+endif()
+
+# TORCH_INSTALL_PREFIX is set by TorchConfig.cmake; the version comes from TorchConfigVersion.cmake.
+set(AMPP_TORCH_VERSION ${Torch_VERSION})
+message(STATUS "ampp: LibTorch ${AMPP_TORCH_VERSION} (AMPP_TORCH=${AMPP_TORCH}) from ${TORCH_INSTALL_PREFIX}")
+
+# LibTorch 2.14 and later require C++20; earlier ones accept C++17, ampp's default.
+if(AMPP_TORCH_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
+  message(STATUS "ampp: LibTorch ${AMPP_TORCH_VERSION} needs C++20: CMAKE_CXX_STANDARD set to 20")
+  set(CMAKE_CXX_STANDARD 20)
+endif()
+
+# The wheel links Gloo statically into libtorch_cpu and ships no Gloo headers: ampp compiles against
+# libgloo-dev's headers but must never link Debian's libgloo next to it (two Gloos in one process).
+# Debian's LibTorch links libgloo.so itself; only then does ampp link it too (AMPP_LINK_GLOO).
+set(AMPP_LINK_GLOO OFF)
+if(EXISTS "${TORCH_INSTALL_PREFIX}/lib/libtorch_cpu.so")
+  set(_torch_cpu "${TORCH_INSTALL_PREFIX}/lib/libtorch_cpu.so")
+else()
+  find_library(_torch_cpu torch_cpu PATHS "${TORCH_INSTALL_PREFIX}/lib")
+endif()
+if(_torch_cpu)
+  execute_process(COMMAND readelf -d "${_torch_cpu}" OUTPUT_VARIABLE _dynamic ERROR_QUIET)
+  if(_dynamic MATCHES "NEEDED[^\n]*libgloo")
+    set(AMPP_LINK_GLOO ON)
+  endif()
+endif()
+
+# OpenMP runtime for ampp's own `#pragma omp` code (numerics): the one LibTorch runs on. The wheel
+# bundles its own libgomp.so.1; linking the compiler's next to it would give two OpenMP pools.
+if(EXISTS "${TORCH_INSTALL_PREFIX}/lib/libgomp.so.1")
+  set(AMPP_OPENMP_LIBRARIES "${TORCH_INSTALL_PREFIX}/lib/libgomp.so.1")
+else()
+  find_package(OpenMP REQUIRED COMPONENTS CXX)
+  set(AMPP_OPENMP_LIBRARIES ${OpenMP_CXX_LIBRARIES})
+endif()

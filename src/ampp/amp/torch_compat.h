@@ -1,0 +1,30 @@
+#pragma once
+// What the opt-levels layer needs from LibTorch, one spelling for every supported LibTorch.
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace ampp::amp::compat {
+
+// LibTorch keys optimizer state by the parameter's TensorImpl: 1.13 by its address printed as a
+// string (c10::guts::to_string), 2.x by the pointer itself (void*). The key type is read from
+// Optimizer::state() so no version number has to be guessed.
+using OptimizerState = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+using OptimizerStateKey = OptimizerState::key_type;
+
+template <typename Key = OptimizerStateKey>  // a template, so the branch not taken is not compiled
+Key optimizer_state_key(const torch::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;  // what c10::guts::to_string (gone in 2.x) printed
+    out << param.unsafeGetTensorImpl();
+    return out.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace ampp::amp::compat

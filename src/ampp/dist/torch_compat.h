@@ -1,0 +1,50 @@
+#pragma once
+// What the distributed layer needs from LibTorch's c10d, one spelling for every supported LibTorch.
+#include <ampp/torch_version.h>
+
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+namespace ampp::dist::compat {
+
+// 2.0 split c10d's ProcessGroup (the front that dispatches by device) from Backend (pytorch#88330):
+// ProcessGroupGloo became a Backend and is wrapped in a ProcessGroup. 2.6 dropped the front's
+// Options argument (backend name and timeout now live only in the backend's options).
+inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+    const c10::intrusive_ptr<c10d::ProcessGroupGloo::Options>& options) {
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+#if AMPP_TORCH_AT_LEAST(2, 6)
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
+#elif AMPP_TORCH_AT_LEAST(2, 0)
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(
+      store, rank, world, c10::make_intrusive<c10d::ProcessGroup::Options>("gloo", options->timeout));
+#endif
+#if AMPP_TORCH_AT_LEAST(2, 0)
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  return pg;
+#else
+  return gloo;
+#endif
+}
+
+// Autograd graph nodes (grad_fn, gradient accumulators, edges) were std::shared_ptr<Node> up to
+// 2.x and are c10::intrusive_ptr<Node> in recent releases: take whatever LibTorch hands out.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::autograd::Variable&>()));
+
+// TCPStore got a libuv server in 2.3 and made it the default in 2.4: its errors read differently
+// ("address already in use" comes as a libuv message, EADDRINUSE). ampp keeps the default and
+// matches both spellings where it explains an error (see process_group.cpp).
+inline bool is_address_in_use(const std::string& what) {
+  return what.find("ddress already in use") != std::string::npos || what.find("errno: 98") != std::string::npos ||
+         what.find("EADDRINUSE") != std::string::npos;
+}
+
+}  // namespace ampp::dist::compat

@@ -1,0 +1,80 @@
+#pragma once
+// What the precision layer needs from LibTorch, one spelling for every supported LibTorch.
+#include <ATen/autocast_mode.h>
+#include <ampp/torch_version.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace ampp::precision::compat {
+
+// LibTorch's own autocast state. 2.4 (pytorch#124359) made it device-generic
+// (is_autocast_enabled(device), get/set_autocast_dtype) and deprecated the per-device calls, which
+// then warn on every use; 1.13 has only those.
+
+inline bool autocast_enabled(c10::DeviceType device) {
+#if AMPP_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+
+inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
+#if AMPP_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  device == c10::DeviceType::CPU ? at::autocast::set_cpu_enabled(enabled) : at::autocast::set_enabled(enabled);
+#endif
+}
+
+inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
+#if AMPP_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                         : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
+#if AMPP_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  device == c10::DeviceType::CPU ? at::autocast::set_autocast_cpu_dtype(dtype)
+                                 : at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+
+// Drops the warnings `drop` accepts and forwards the rest to the handler that was in force.
+// 2.0 passes a c10::Warning object to WarningHandler::process and moved the handler accessors to
+// c10::WarningUtils; 1.13 passes (location, message, verbatim).
+template <typename Drop>
+class WarningFilter : public c10::WarningHandler {
+ public:
+  explicit WarningFilter(Drop drop) : drop_(drop) {}
+
+ private:
+  Drop drop_;  // declared first: set before the guard below installs this handler
+
+ public:
+#if AMPP_TORCH_AT_LEAST(2, 0)
+  void process(const c10::Warning& warning) override {
+    if (!drop_(warning.msg())) previous_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* previous_ = c10::WarningUtils::get_warning_handler();
+  c10::WarningUtils::WarningHandlerGuard guard_{this};
+#else
+  void process(const c10::SourceLocation& loc, const std::string& msg, bool verbatim) override {
+    if (!drop_(msg)) previous_->process(loc, msg, verbatim);
+  }
+
+ private:
+  c10::WarningHandler* previous_ = c10::Warning::get_warning_handler();
+  c10::Warning::WarningHandlerGuard guard_{this};
+#endif
+};
+
+}  // namespace ampp::precision::compat
