@@ -1,6 +1,15 @@
 include(${CMAKE_CURRENT_LIST_DIR}/AmppTorch.cmake)  # AMPP_TORCH: wheel or debian
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
+# The wheel ships fmt's headers (12.x) in torch/include, which come first on the include path, so
+# ampp then uses fmt header-only: compiling against one fmt and linking Debian's libfmt (9.x)
+# would mix two versions. Debian's LibTorch uses Debian's fmt: link it as usual.
+if(EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h")
+  set(AMPP_FMT fmt::fmt-header-only)
+  add_compile_definitions(FMT_HEADER_ONLY)  # every target alike, so the shared PCH stays valid
+else()
+  set(AMPP_FMT fmt::fmt)
+endif()
 find_package(nlohmann_json REQUIRED)
 # c10d's Gloo headers come from libgloo-dev.
 find_path(AMPP_GLOO_INCLUDE_DIR gloo/rendezvous/store.h)

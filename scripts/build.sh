@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Configures and builds ampp into build/ (or $AMPP_BUILD_DIR). Extra arguments go to cmake configure.
+# Configures and builds ampp. Extra arguments go to cmake configure.
+#   AMPP_TORCH=wheel (default: build/) or debian (build-debian/): which LibTorch (install-deps.sh).
+#   AMPP_BUILD_DIR, AMPP_JOBS, AMPP_BUILD_TYPE: build folder, parallelism, build type.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${AMPP_BUILD_DIR:-$root/build}
+torch=${AMPP_TORCH:-wheel}
+source "$root/scripts/build-dir.sh"
+build=$(ampp_build_dir "$root")
 jobs=${AMPP_JOBS:-$(nproc)}
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${AMPP_BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${AMPP_BUILD_TYPE:-RelWithDebInfo} \
+  -DAMPP_TORCH="$torch" -DAMPP_PYTHON="${AMPP_VENV:-$root/.venv}/bin/python" "$@" >/dev/null
 cmake --build "$build" -j "$jobs"

@@ -1,27 +1,65 @@
 #!/usr/bin/env bash
-# Installs every system dependency of ampp from Debian 12's apt. Idempotent; run as root or with sudo.
+# Installs what ampp needs. Idempotent; apt needs root or sudo.
+#   AMPP_TORCH=wheel  (default) LibTorch 2.13 from the torch==2.13.0 wheel, in a venv at .venv/
+#                     (or $AMPP_VENV); it also serves as the Python oracle of the tests.
+#   AMPP_TORCH=debian Debian's libtorch-dev (1.13.1 on Debian 12, 2.6 on Debian 13).
+# Either way apt provides the rest (Gloo headers, GoogleTest, Benchmark, CLI11, fmt, json, ...).
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+torch=${AMPP_TORCH:-wheel}
+venv=${AMPP_VENV:-$root/.venv}
+torch_version=2.13.0
+
 packages=(
-  build-essential cmake ninja-build ccache git pkg-config
-  libtorch-dev libgloo-dev libopenblas0-pthread
-  libsleef-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev libfmt-dev nlohmann-json3-dev
+  build-essential cmake ninja-build ccache git pkg-config binutils
+  libgloo-dev libsleef-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist gnuplot-nox iproute2 procps
 )
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages already installed"
-  exit 0
-fi
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  sudo="sudo"
-fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+case "$torch" in
+  wheel) ;;
+  debian) packages+=(libtorch-dev libopenblas0-pthread) ;;
+  *) echo "install-deps: AMPP_TORCH='$torch' is not known: use wheel (the default) or debian" >&2; exit 2 ;;
+esac
+
+install_apt() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#packages[@]} apt packages already installed (Debian $(cat /etc/debian_version))"
+    return
+  fi
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# The CPU wheel of torch 2.13.0 is built for CPython 3.11 (pinned: any other version is a
+# multi-GB CUDA download).
+install_wheel() {
+  if [ -x "$venv/bin/python" ] &&
+     "$venv/bin/python" -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+    echo "install-deps: $venv has torch $torch_version"
+    return
+  fi
+  local python=${AMPP_PYTHON311:-$(command -v python3.11 || true)}
+  if [ -z "$python" ]; then
+    echo "install-deps: the torch==$torch_version wheel needs Python 3.11 (python3.11 not found)." \
+         "Install it, point AMPP_PYTHON311 at it, or use Debian's LibTorch: AMPP_TORCH=debian." >&2
+    exit 1
+  fi
+  echo "install-deps: creating $venv with torch==$torch_version ($python)"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" numpy
+}
+
+install_apt
+if [ "$torch" = wheel ]; then install_wheel; fi

@@ -2,6 +2,7 @@
 # Quick start (2): install dependencies, build, run every test suite.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/scripts/build-dir.sh"
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
-ctest --test-dir "${AMPP_BUILD_DIR:-$root/build}" --output-on-failure --timeout 600 -j 2 "$@"
+ctest --test-dir "$(ampp_build_dir "$root")" --output-on-failure --timeout 600 -j 2 "$@"

@@ -3,6 +3,7 @@
 # (Fashion-MNIST, mixed precision with dynamic loss scaling, 2 workers with DDP).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/scripts/build-dir.sh"
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
-exec "${AMPP_BUILD_DIR:-$root/build}/bin/ampp" train "$@"
+exec "$(ampp_build_dir "$root")/bin/ampp" train "$@"

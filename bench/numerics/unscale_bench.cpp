@@ -5,12 +5,15 @@
 //   Fused           : ampp::numerics::non_finite_check_and_unscale_ over all 64 tensors (one call),
 //                     once per kernel variant (portable, AVX2)
 //   Naive           : per tensor isfinite(t).all().item() then t.mul_(s) (what a port without a kernel does)
+//   LibTorch        : at::_amp_foreach_non_finite_check_and_unscale_ (PyTorch's own kernel; CPU since 2.2,
+//                     so only in builds against LibTorch >= 2.2)
 // Counters: GB/s (read+write bytes / wall time), and ratios against the same-run baselines with the
 // same thread count: vs_memcpy, vs_scale (fused/naive bandwidth over baseline bandwidth), and for the
-// fused kernel speedup_vs_naive. The scale alternates 2^-16 / 2^16 so values never drift into
+// fused kernel speedup_vs_naive and speedup_vs_libtorch. The scale alternates 2^-16 / 2^16 so values never drift into
 // denormals (which would slow every variant down).
 
 #include <ampp/numerics/unscale.h>
+#include <ampp/torch_version.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -71,7 +74,10 @@ void run(benchmark::State& state, const std::string& kind, Body body) {
     ratio("vs_memcpy", "Baseline/Memcpy");
     ratio("vs_scale", "Baseline/Scale");
   }
-  if (kind == "Fused") ratio("speedup_vs_naive", "Naive");
+  if (kind == "Fused") {
+    ratio("speedup_vs_naive", "Naive");
+    ratio("speedup_vs_libtorch", "LibTorch");
+  }
 }
 
 void BM_BaselineMemcpy(benchmark::State& state) {
@@ -135,6 +141,18 @@ void BM_Naive(benchmark::State& state) {
     if (!all_finite) state.SkipWithError("unexpected non-finite value");
   });
 }
+
+#if AMPP_TORCH_AT_LEAST(2, 2)
+void BM_LibTorch(benchmark::State& state) {
+  auto found = at::zeros({});
+  run(state, "LibTorch", [&](int64_t i) {
+    found.zero_();
+    at::_amp_foreach_non_finite_check_and_unscale_(grads(), found, at::full({}, alternating_scale(i)));
+    if (found.item<float>() != 0.0f) state.SkipWithError("unexpected non-finite value");
+  });
+}
+BENCHMARK(BM_LibTorch)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
 
 // Registration order is run order: the baselines and the naive loop run before the fused kernel so
 // that its ratios are available.

@@ -2,7 +2,9 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <cstring>
 #include <mutex>
+#include <utility>
 #include <unordered_map>
 
 namespace ampp_bench {
@@ -49,6 +51,12 @@ c10::DataPtr TrackingAllocator::allocate(size_t bytes) const {
   while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
   }
   return {data, data, &TrackingAllocator::release, device};
+}
+
+c10::DataPtr TrackingAllocator::allocate(size_t bytes) { return std::as_const(*this).allocate(bytes); }
+
+void TrackingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
 }
 
 c10::DeleterFnPtr TrackingAllocator::raw_deleter() const { return &TrackingAllocator::release; }

@@ -13,7 +13,12 @@ class TrackingAllocator final : public c10::Allocator {
  public:
   /// Installs itself as LibTorch's CPU allocator (call before creating tensors to be counted).
   static TrackingAllocator& install();
-  c10::DataPtr allocate(size_t bytes) const override;
+  // c10::Allocator's interface changed in 2.x: allocate() lost its const and copy_data() became a
+  // pure virtual. Both forms are declared (no `override`), so whichever the LibTorch in use
+  // declares virtual is the one overridden; the other is a plain member.
+  c10::DataPtr allocate(size_t bytes);
+  c10::DataPtr allocate(size_t bytes) const;
+  void copy_data(void* dest, const void* src, std::size_t count) const;
   c10::DeleterFnPtr raw_deleter() const override;
   int64_t current() const { return current_.load(); }
   int64_t peak() const { return peak_.load(); }

@@ -2,11 +2,15 @@
 // can be queried and changed at run time.
 
 #include "precision/test_util.h"
+#include "ampp/precision/detail.h"
+#include <ampp/torch_version.h>
 
 #include <ampp/autocast.h>
 #include <ampp/precision/kernels.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+
+#include <set>
 
 namespace {
 
@@ -18,6 +22,7 @@ const auto kBF16 = torch::kBFloat16;
 
 torch::Tensor bf(torch::IntArrayRef sizes) { return torch::randn(sizes).to(kBF16); }
 
+#if !AMPP_TORCH_AT_LEAST(2, 0)
 TEST_F(OpPolicy, DefaultListsArePyTorch113Cpu) {
   EXPECT_EQ(ampp::ops_with_policy(CastPolicy::lower_precision).size(), 15u);
   EXPECT_EQ(ampp::ops_with_policy(CastPolicy::promote).size(), 4u);
@@ -35,6 +40,7 @@ TEST_F(OpPolicy, DefaultListsArePyTorch113Cpu) {
   EXPECT_STREQ(ampp::to_string(ampp::policy_of("prod")), "fp32");
   EXPECT_THROW(ampp::policy_of("mm", c10::DeviceType::MPS), c10::Error);
 }
+#endif
 
 TEST_F(OpPolicy, EveryListedOpIsARegisteredAtenOp) {
   for (auto device : {torch::kCPU, torch::kCUDA}) {
@@ -48,6 +54,24 @@ TEST_F(OpPolicy, EveryListedOpIsARegisteredAtenOp) {
       }
     }
   }
+}
+
+// The default CPU table autocasts exactly the ops LibTorch's own CPU autocast does (1.13's list,
+// or 2.x's with its additions and removals).
+TEST_F(OpPolicy, DefaultCpuTableCoversExactlyLibTorchsCpuList) {
+  ampp::reset_op_policies(torch::kCPU);
+  std::set<std::string> ampp_ops;
+  for (auto policy : {CastPolicy::lower_precision, CastPolicy::fp32, CastPolicy::promote, CastPolicy::banned})
+    for (const auto& key : ampp::ops_with_policy(policy, torch::kCPU)) ampp_ops.insert(key);
+  const auto& libtorch = ampp::precision::detail::libtorch_cpu_autocast_ops();
+  EXPECT_GT(libtorch.size(), 100u);
+  EXPECT_EQ(ampp_ops, libtorch);
+#if AMPP_TORCH_AT_LEAST(2, 0)
+  EXPECT_EQ(ampp::policy_of("conv_transpose2d.input"), CastPolicy::lower_precision);
+  EXPECT_EQ(ampp::policy_of("scaled_dot_product_attention"), CastPolicy::lower_precision);
+#else
+  EXPECT_EQ(ampp::policy_of("conv_transpose2d.input"), CastPolicy::fp32);
+#endif
 }
 
 // Every op on the CPU lower-precision list, called the way a model calls it.
@@ -76,7 +100,24 @@ TEST_F(OpPolicy, LowerPrecisionOpsRunInBf16) {
        at::_convolution(x2, w2, {}, {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1, false, false, true)},
       {"conv_tbc", at::conv_tbc(torch::randn({5, 1, 2}), torch::randn({3, 2, 4}), torch::randn({4}))},
   };
-  EXPECT_EQ(outs.size(), ampp::ops_with_policy(CastPolicy::lower_precision).size());
+  size_t not_called = 0;
+#if AMPP_TORCH_AT_LEAST(2, 0)
+  const auto q = torch::randn({1, 2, 4, 8});
+  const std::vector<std::pair<std::string, torch::Tensor>> added_in_2x = {
+      {"conv_transpose1d", torch::conv_transpose1d(x1, w1.transpose(0, 1))},
+      {"conv_transpose2d.input", torch::conv_transpose2d(x2, w2.transpose(0, 1))},
+      {"conv_transpose3d.input", torch::conv_transpose3d(x3, w3.transpose(0, 1))},
+      {"prelu", torch::prelu(m, torch::full({1}, 0.25))},
+      {"scaled_dot_product_attention", at::scaled_dot_product_attention(q, q, q)},
+      {"linalg_vecdot", torch::linalg_vecdot(m, m)},
+      {"_addmm_activation", at::_addmm_activation(torch::randn({3}), m, v)},
+  };
+  outs.insert(outs.end(), added_in_2x.begin(), added_in_2x.end());
+  // Internal ops a model does not call directly (oneDNN's RNN layer, fused multi-head attention).
+  for (const char* op : {"mkldnn_rnn_layer", "_native_multi_head_attention"})
+    not_called += ampp::policy_of(op) == CastPolicy::lower_precision;
+#endif
+  EXPECT_EQ(outs.size() + not_called, ampp::ops_with_policy(CastPolicy::lower_precision).size());
   for (const auto& [name, out] : outs) {
     EXPECT_EQ(ampp::policy_of(name), CastPolicy::lower_precision) << name;
     EXPECT_EQ(out.scalar_type(), kBF16) << name;
@@ -100,7 +141,9 @@ TEST_F(OpPolicy, Fp32OpsRunInFp32) {
       {"cdist", torch::cdist(p, t)},
       {"trace", torch::trace(sq)},
       {"linalg_inv", torch::linalg_inv(sq)},
+#if !AMPP_TORCH_AT_LEAST(2, 0)  // lower precision in 2.x
       {"conv_transpose2d.input", torch::conv_transpose2d(bf({1, 2, 4, 4}), bf({2, 3, 3, 3}))},
+#endif
       {"max_pool3d", torch::max_pool3d(bf({1, 1, 4, 4, 4}), 2)},
       {"fft_rfft", torch::fft::rfft(bf({8}))},
   };

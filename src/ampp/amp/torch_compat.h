@@ -1,5 +1,7 @@
 #pragma once
 // What the opt-levels layer needs from LibTorch, one spelling for every supported LibTorch.
+#include <ampp/torch_version.h>
+
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
@@ -25,6 +27,16 @@ Key optimizer_state_key(const torch::Tensor& param) {
   } else {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }
+}
+
+// Optimizer::zero_grad() wrote zeros into the grads up to 1.13; 2.0 made it set them to none by
+// default (zero_grad(set_to_none = true)). This is the zero-writing form on every version.
+inline void zero_grad_in_place(torch::optim::Optimizer& optimizer) {
+#if AMPP_TORCH_AT_LEAST(2, 0)
+  optimizer.zero_grad(/*set_to_none=*/false);
+#else
+  optimizer.zero_grad();
+#endif
 }
 
 }  // namespace ampp::amp::compat

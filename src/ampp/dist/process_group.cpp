@@ -229,17 +229,23 @@ void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono:
   }
 }
 
+void lost_store(int rank, int world, const std::string& what) {
+  TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " lost the connection to the rendezvous store "
+              "while waiting for all ", world, " ranks: rank 0 (the store's host) probably exited, e.g. after an "
+              "error in another rank (see its message). c10d said: ", what);
+}
+
 // Store I/O fails with a plain socket error when the master (rank 0, which serves the store) exits,
 // typically because another rank hit an error first: say so instead of "Broken pipe".
 void check_membership(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout) {
   try {
     check_membership_impl(store, rank, world, timeout);
-  } catch (const c10::Error&) {
-    throw;
+  } catch (const c10::Error& e) {
+    // ampp's own errors pass through; 2.x reports store I/O as c10::DistNetworkError, a c10::Error.
+    if (std::string(e.what_without_backtrace()).rfind("ampp::", 0) == 0) throw;
+    lost_store(rank, world, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " lost the connection to the rendezvous store "
-                "while waiting for all ", world, " ranks: rank 0 (the store's host) probably exited, e.g. after an "
-                "error in another rank (see its message). c10d said: ", e.what());
+    lost_store(rank, world, e.what());
   }
 }
 

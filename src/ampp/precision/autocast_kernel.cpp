@@ -214,6 +214,7 @@ Installed& installed() {
 void install_locked(Installed& inst) {
   if (inst.library) return;
   QuietOverrides quiet(&is_override_warning);
+  libtorch_cpu_autocast_ops();  // snapshot LibTorch's own list before ampp registers over it
   inst.library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                                   c10::make_optional(c10::DispatchKey::AutocastCPU), __FILE__,
                                                   __LINE__);

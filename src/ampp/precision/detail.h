@@ -5,6 +5,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,9 @@ CpuRegion& cpu_region();
 std::string policy_key(const c10::OperatorName& name);
 std::string normalize_op_name(const std::string& op);  // strips "aten::"
 CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_type);
-// Keys of PyTorch 1.13's CPU lists (the ops whose AutocastCPU kernels ampp replaces).
+// Keys of the ops LibTorch registers on AutocastCPU (its own CPU list), read before ampp's install.
+const std::set<std::string>& libtorch_cpu_autocast_ops();
+// Keys of the default CPU table (the ops whose AutocastCPU kernels ampp replaces).
 std::vector<std::string> installed_cpu_ops();
 
 // Registers ampp's kernel on the AutocastCPU key for every listed op (lazily, once).

@@ -1,7 +1,9 @@
 // Op policy tables: PyTorch 1.13.1's autocast lists (dumped from its dispatcher, see
-// docs/precision.md) as defaults, changeable at run time.
+// docs/precision.md), updated for the LibTorch ampp runs on (torch_compat.h) and filtered by what
+// its dispatcher registers; defaults, changeable at run time.
 
 #include "detail.h"
+#include "torch_compat.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
@@ -9,6 +11,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <unordered_map>
 
@@ -78,6 +81,12 @@ void fill(Table& t, const char* const (&ops)[N], CastPolicy p) {
   for (const char* op : ops) t[op] = p;
 }
 
+bool has_schema(const std::string& key) {
+  const auto dot = key.find('.');
+  const std::string overload = dot == std::string::npos ? "" : key.substr(dot + 1);
+  return c10::Dispatcher::singleton().findSchema({"aten::" + key.substr(0, dot), overload}).has_value();
+}
+
 Table default_table(c10::DeviceType device_type) {
   Table t;
   if (device_type == c10::DeviceType::CPU) {
@@ -85,6 +94,10 @@ Table default_table(c10::DeviceType device_type) {
     fill(t, kCpuPromote, CastPolicy::promote);
     fill(t, kCpuFp32, CastPolicy::fp32);
     fill(t, kCpuBanned, CastPolicy::banned);
+    for (const auto& [key, policy] : precision::compat::cpu_policy_changes()) t[key] = policy;
+    // LibTorch's own CPU list is the reference: an op it does not autocast, ampp does not either.
+    const auto& libtorch = precision::detail::libtorch_cpu_autocast_ops();
+    for (auto it = t.begin(); it != t.end();) it = libtorch.count(it->first) ? std::next(it) : t.erase(it);
   } else {
     fill(t, kCudaLower, CastPolicy::lower_precision);
     fill(t, kCudaFp32, CastPolicy::fp32);
@@ -92,6 +105,9 @@ Table default_table(c10::DeviceType device_type) {
     fill(t, kCudaFp32AppendDtype, CastPolicy::fp32_append_dtype);
     fill(t, kCudaPromote, CastPolicy::promote);
     fill(t, kCudaBanned, CastPolicy::banned);
+    // No CUDA registrations to read in a CPU build: drop ops this LibTorch no longer has (2.x
+    // removed the named-tensor overloads such as "sum.dim_DimnameList").
+    for (auto it = t.begin(); it != t.end();) it = has_schema(it->first) ? std::next(it) : t.erase(it);
   }
   return t;
 }
@@ -224,6 +240,18 @@ CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_t
   const auto& t = r.of(device_type);
   auto it = t.find(key);
   return it == t.end() ? CastPolicy::none : it->second;
+}
+
+const std::set<std::string>& libtorch_cpu_autocast_ops() {
+  // Read once, on first use: that is before ampp registers its own kernels (install_locked asks
+  // for installed_cpu_ops() first), so the set is LibTorch's alone.
+  static const std::set<std::string> ops = [] {
+    std::set<std::string> out;
+    for (const auto& name : c10::Dispatcher::singleton().getRegistrationsForDispatchKey(c10::DispatchKey::AutocastCPU))
+      out.insert(policy_key(name));
+    return out;
+  }();
+  return ops;
 }
 
 std::vector<std::string> installed_cpu_ops() {

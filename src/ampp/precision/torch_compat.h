@@ -1,10 +1,14 @@
 #pragma once
 // What the precision layer needs from LibTorch, one spelling for every supported LibTorch.
-#include <ATen/autocast_mode.h>
+#include <ampp/autocast.h>
 #include <ampp/torch_version.h>
+
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ampp::precision::compat {
 
@@ -43,6 +47,21 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 #else
   device == c10::DeviceType::CPU ? at::autocast::set_autocast_cpu_dtype(dtype)
                                  : at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+
+// CPU autocast ops whose policy differs from 1.13's lists (op_policy.cpp) in 2.x's AutocastCPU
+// registrations: transposed convolutions moved from fp32 to lower precision, and attention, prelu,
+// vecdot, fused addmm+activation and oneDNN's RNN layer were added as lower precision. The table
+// keeps only ops this LibTorch registers (read from its dispatcher), so each 2.x gets its subset.
+inline std::vector<std::pair<const char*, CastPolicy>> cpu_policy_changes() {
+#if AMPP_TORCH_AT_LEAST(2, 0)
+  const auto lower = CastPolicy::lower_precision;
+  return {{"conv_transpose1d", lower}, {"conv_transpose2d.input", lower}, {"conv_transpose3d.input", lower},
+          {"prelu", lower}, {"scaled_dot_product_attention", lower}, {"_native_multi_head_attention", lower},
+          {"linalg_vecdot", lower}, {"_addmm_activation", lower}, {"mkldnn_rnn_layer", lower}};
+#else
+  return {};
 #endif
 }
 
