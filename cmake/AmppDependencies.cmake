@@ -3,7 +3,8 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 # The wheel ships fmt's headers (12.x) in torch/include, which come first on the include path, so
 # ampp then uses fmt header-only: compiling against one fmt and linking Debian's libfmt (9.x)
-# would mix two versions. Debian's LibTorch uses Debian's fmt: link it as usual.
+# would mix two versions. (With Debian's LibTorch, TORCH_INSTALL_PREFIX is /usr and the test also
+# holds: header-only Debian fmt, the same version either way.)
 if(EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h")
   set(AMPP_FMT fmt::fmt-header-only)
   add_compile_definitions(FMT_HEADER_ONLY)  # every target alike, so the shared PCH stays valid

@@ -8,6 +8,9 @@ torch=${AMPP_TORCH:-wheel}
 source "$root/scripts/build-dir.sh"
 build=$(ampp_build_dir "$root")
 jobs=${AMPP_JOBS:-$(nproc)}
+# The tests' Python oracle is the torch of the same version: the wheel's venv, or Debian's python3-torch.
+python=${AMPP_VENV:-$root/.venv}/bin/python
+[ "$torch" = wheel ] || python=/usr/bin/python3
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${AMPP_BUILD_TYPE:-RelWithDebInfo} \
-  -DAMPP_TORCH="$torch" -DAMPP_PYTHON="${AMPP_VENV:-$root/.venv}/bin/python" "$@" >/dev/null
+  -DAMPP_TORCH="$torch" -DAMPP_PYTHON="$python" "$@" >/dev/null
 cmake --build "$build" -j "$jobs"

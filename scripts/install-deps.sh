@@ -2,7 +2,8 @@
 # Installs what ampp needs. Idempotent; apt needs root or sudo.
 #   AMPP_TORCH=wheel  (default) LibTorch 2.13 from the torch==2.13.0 wheel, in a venv at .venv/
 #                     (or $AMPP_VENV); it also serves as the Python oracle of the tests.
-#   AMPP_TORCH=debian Debian's libtorch-dev (1.13.1 on Debian 12, 2.6 on Debian 13).
+#   AMPP_TORCH=debian Debian's libtorch-dev (1.13.1 on Debian 12, 2.6 on Debian 13) and python3-torch of
+#                     the same version (the oracle).
 # Either way apt provides the rest (Gloo headers, GoogleTest, Benchmark, CLI11, fmt, json, ...).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,7 +19,7 @@ packages=(
 )
 case "$torch" in
   wheel) ;;
-  debian) packages+=(libtorch-dev libopenblas0-pthread) ;;
+  debian) packages+=(libtorch-dev libopenblas0-pthread python3-torch) ;;  # python3-torch: the oracle
   *) echo "install-deps: AMPP_TORCH='$torch' is not known: use wheel (the default) or debian" >&2; exit 2 ;;
 esac
 

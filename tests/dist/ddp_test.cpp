@@ -16,6 +16,7 @@
 #endif
 
 #include "dist/multiprocess.h"
+#include "ampp/dist/torch_compat.h"
 
 using namespace ampp::dist;
 using namespace ampp::dist::testing;
@@ -273,6 +274,22 @@ TEST(DDP, BucketsAreRebuiltInTheOrderGradientsBecameReady) {
       }
     }));
   }
+}
+
+// One value where the two bf16 forms differ: ranks hold 1 and 2^-8. PyTorch's hook sums the halves
+// in bf16 (0.5 + 2^-9 is a tie between bf16 neighbours 2^-8 apart, rounded to even: 0.5); 1.13's
+// Gloo cannot sum bf16, so ampp sums the bf16 payloads in fp32 there (0.5 + 2^-9 exactly).
+TEST(DDP, Bf16CompressHookSumsInBf16WhereGlooCan) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = init_tcp(rank, 2, port);
+    const auto param = torch::zeros({1});
+    GradBucket bucket(0, 1, torch::full({1}, rank == 0 ? 1.0f : 0x1p-8f), {0}, {1}, {param});
+    auto future = ampp::dist::bf16_compress_hook(pg)(bucket);
+    future->wait();
+    const float averaged = future->value().toTensor().item<float>();
+    EXPECT_EQ(averaged, ampp::dist::compat::kGlooSumsBFloat16 ? 0.5f : 0.5f + 0x1p-9f);
+  }));
 }
 
 TEST(DDP, CompressionHooksWithinTheirPrecision) {

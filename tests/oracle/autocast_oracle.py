@@ -6,7 +6,7 @@ first input to the region's dtype. Output per case:
 {"ok": true, "out": <tensor>} or {"ok": false, "error": "..."}. Auxiliary integer tensors (class
 targets, embedding indices) are built the same way on both sides (see autocast_oracle_test.cpp).
 """
-from oracle_common import _DTYPES, decode, encode, main, torch  # first: exits with code 3 without torch
+from oracle_common import _DTYPES, decode, encode, main, torch, unsupported  # first: exits with code 3 without torch
 
 import torch.nn.functional as F  # noqa: E402
 
@@ -95,6 +95,8 @@ def run_case(case, region):
 
 def run(data):
     region = _DTYPES[data["region"]]
+    if region == torch.float16 and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 2):
+        unsupported("CPU autocast has no float16 (added in 2.2)")
     return {"results": [run_case(c, region) for c in data["cases"]]}
 
 

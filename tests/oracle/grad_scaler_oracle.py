@@ -3,7 +3,10 @@
 Per step: loss = sum_i sum(p_i * g_i) so that scale(loss).backward() leaves grad_i = scale * g_i,
 optional explicit unscale_, step, update; records what the C++ side compares.
 """
-from oracle_common import bits_double, decode, double_bits, encode, main, torch
+from oracle_common import bits_double, decode, double_bits, encode, main, torch, unsupported
+
+if not hasattr(torch.amp, "GradScaler"):
+    unsupported("no torch.amp.GradScaler('cpu') (added in 2.3)")
 
 
 def run_set(s):

@@ -95,7 +95,7 @@ std::optional<json> run(const std::string& script, const json& input) {
     f << input.dump();
     TORCH_CHECK(f.good(), "ampp_oracle: cannot write ", in.string());
   }
-  const std::string command = shell_quote(python) + " " + shell_quote(std::string(AMPP_ORACLE_DIR) + "/" + script) +
+  const std::string command = "AMPP_ORACLE_TORCH=" + std::string(AMPP_ORACLE_TORCH_VERSION) + " " + shell_quote(python) + " " + shell_quote(std::string(AMPP_ORACLE_DIR) + "/" + script) +
                               " " + shell_quote(in.string()) + " " + shell_quote(out.string()) + " 2>" +
                               shell_quote(err.string());
   const int status = std::system(command.c_str());
@@ -114,8 +114,8 @@ std::optional<json> run(const std::string& script, const json& input) {
 }
 
 std::string skip_message() {
-  return std::string("no Python torch at ") + AMPP_ORACLE_PYTHON +
-         ": run scripts/install-deps.sh (or configure with -DAMPP_PYTHON=<python with torch>); " + skip_reason();
+  return std::string("no Python torch ") + AMPP_ORACLE_TORCH_VERSION + " oracle at " + AMPP_ORACLE_PYTHON +
+         ": run scripts/install-deps.sh (or configure with -DAMPP_PYTHON=<python with that torch>); " + skip_reason();
 }
 
 std::string dtype_name(c10::ScalarType type) {

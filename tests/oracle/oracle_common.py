@@ -1,9 +1,11 @@
 """Shared I/O of the oracle scripts: JSON in/out, tensors as exact bit patterns.
 
 Every script is run as `python <script>.py <in.json> <out.json>` by tests/oracle/oracle.cpp.
-Exit code 3 means "this Python cannot import torch": the C++ test then skips instead of failing.
+Exit code 3 means "this Python is no oracle for this build" (no torch, a torch of another version
+than the LibTorch ampp was built against, or one without the feature): the C++ test then skips.
 """
 import json
+import os
 import struct
 import sys
 
@@ -17,6 +19,12 @@ def import_torch():
         print(f"import torch failed: {e!r}", file=sys.stderr)
         sys.exit(TORCH_MISSING_EXIT)
     import torch
+    # An oracle of another version would report its own version's semantics (op lists, kernels).
+    built = os.environ.get("AMPP_ORACLE_TORCH", "")
+    if built and torch.__version__.split(".")[:2] != built.split(".")[:2]:
+        print(f"Python torch {torch.__version__} is not the LibTorch {built} ampp was built against",
+              file=sys.stderr)
+        sys.exit(TORCH_MISSING_EXIT)
     # One thread: reductions (sum, GEMMs) then follow one fixed order, as on the C++ side.
     torch.set_num_threads(1)
     return torch
@@ -24,6 +32,12 @@ def import_torch():
 
 torch = import_torch()
 import numpy as np  # noqa: E402  (after the torch check: the venv that has torch has numpy)
+
+
+def unsupported(reason):
+    """This torch lacks what the oracle needs (e.g. CPU GradScaler before 2.3): the test skips."""
+    print(f"Python torch {torch.__version__}: {reason}", file=sys.stderr)
+    sys.exit(TORCH_MISSING_EXIT)
 
 
 def dtype_name(dtype):

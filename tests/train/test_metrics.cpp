@@ -1,5 +1,8 @@
 // metrics.jsonl records, the progress bar's plain-line mode, the summary table and the plots.
 #include <ampp/train/metrics.h>
+#include <ampp/train/threads.h>
+
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -69,11 +72,23 @@ TEST(Metrics, PlainProgressPrintsAboutTenLinesPerEpoch) {
 TEST(Metrics, SummaryTableHasEveryField) {
   Summary s;
   s.test_accuracy = 88.123, s.seconds = 100.5, s.images_per_sec = 2345, s.skipped_steps = 7, s.final_scale = 4096;
-  s.peak_rss_mb = 321;
+  s.peak_rss_mb = 321, s.compute = "LibTorch: 3 threads; BLAS: X";
   const auto t = summary_table(s);
-  for (const char* needle : {"88.12 %", "100.5 s", "2345 images/s", "| skipped steps", "4096", "321 MiB"})
+  for (const char* needle :
+       {"88.12 %", "100.5 s", "2345 images/s", "| skipped steps", "4096", "321 MiB", "LibTorch: 3 threads; BLAS: X"})
     EXPECT_NE(t.find(needle), std::string::npos) << needle << "\n" << t;
   EXPECT_GT(peak_rss_mb(), 1.0);
+}
+
+TEST(Metrics, ComputeThreadsNameTheBlasAndTheThreadCount) {
+  ampp::train::set_compute_threads(1);
+  const std::string d = ampp::train::describe_compute_threads();
+  EXPECT_NE(d.find("LibTorch: 1 threads"), std::string::npos) << d;
+  // The wheel's BLAS is MKL; Debian's LibTorch uses OpenBLAS (its pool sized to the same 1 thread).
+  if (at::hasMKL())
+    EXPECT_NE(d.find("MKL"), std::string::npos) << d;
+  else
+    EXPECT_NE(d.find("own pool: 1 threads"), std::string::npos) << d;
 }
 
 TEST(Metrics, PlotsArePngFiles) {

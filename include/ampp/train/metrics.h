@@ -84,7 +84,7 @@ class ProgressBar {
 bool is_terminal(std::FILE* f);
 
 struct Summary {
-  std::string model, data, precision;
+  std::string model, data, precision, compute;
   int world_size = 1;
   int64_t epochs = 0, steps = 0, skipped_steps = 0;
   double test_accuracy = 0, test_loss = 0, train_loss = 0;

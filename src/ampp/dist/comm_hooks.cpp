@@ -2,14 +2,18 @@
 // after the collective, on the backend's thread, so backward is never blocked).
 #include <ampp/dist/comm_hooks.h>
 
+#include "torch_compat.h"
+
 #include <torch/torch.h>
 
 namespace ampp::dist {
 namespace {
 
-// Gloo's collectives dispatch on float, double, half and the integer types; bfloat16 is rejected.
+// Gloo's collectives dispatch on float, double, half and the integer types, and bfloat16 from 2.2.
 bool gloo_can_sum(torch::ScalarType t) {
   switch (t) {
+    case torch::kBFloat16:
+      return compat::kGlooSumsBFloat16;
     case torch::kFloat: case torch::kDouble: case torch::kHalf: case torch::kChar: case torch::kByte:
     case torch::kInt: case torch::kLong:
       return true;
@@ -73,11 +77,14 @@ CommHook allreduce_hook(ProcessGroup group) {
   };
 }
 
-CommHook fp16_compress_hook(ProcessGroup group) {
-  return [group](GradBucket& bucket) {
+namespace {
+// PyTorch's compression hooks: cast, divide by the world size, allreduce in the 16-bit type (every
+// partial sum rounded to it), cast back into the bucket's dtype.
+CommHook compress_hook(ProcessGroup group, torch::ScalarType dtype) {
+  return [group, dtype](GradBucket& bucket) {
     torch::NoGradGuard no_grad;
     auto buffer = bucket.buffer();
-    auto compressed = buffer.to(torch::kHalf).div_(group.size());
+    auto compressed = buffer.to(dtype).div_(group.size());
     std::vector<torch::Tensor> t{compressed};
     return group.c10d()->allreduce(t)->getFuture()->then([buffer, compressed](c10::ivalue::Future& f) {
       f.value();
@@ -87,8 +94,14 @@ CommHook fp16_compress_hook(ProcessGroup group) {
     }, c10::TensorType::get());
   };
 }
+}  // namespace
+
+CommHook fp16_compress_hook(ProcessGroup group) { return compress_hook(std::move(group), torch::kHalf); }
 
 CommHook bf16_compress_hook(ProcessGroup group) {
+  // Gloo that sums bf16 (2.2+), or another backend: exactly PyTorch's hook.
+  if (group.backend() != "gloo" || compat::kGlooSumsBFloat16) return compress_hook(std::move(group), torch::kBFloat16);
+  // 1.13's Gloo cannot: the bf16 payloads are allgathered bit-exactly and summed in fp32.
   return [group](GradBucket& bucket) {
     torch::NoGradGuard no_grad;
     auto buffer = bucket.buffer();

@@ -39,6 +39,9 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
 // 2.x and are c10::intrusive_ptr<Node> in recent releases: take whatever LibTorch hands out.
 using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::autograd::Variable&>()));
 
+// Gloo sums bfloat16 since 2.2 (pytorch#113557); 1.13's Gloo rejects it.
+constexpr bool kGlooSumsBFloat16 = AMPP_TORCH_AT_LEAST(2, 2);
+
 // TCPStore got a libuv server in 2.3 and made it the default in 2.4: its errors read differently
 // ("address already in use" comes as a libuv message, EADDRINUSE). ampp keeps the default and
 // matches both spellings where it explains an error (see process_group.cpp).

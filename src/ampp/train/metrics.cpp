@@ -46,7 +46,7 @@ nlohmann::json to_json(const Summary& s) {
           {"test_accuracy", s.test_accuracy}, {"test_loss", s.test_loss},
           {"train_loss", s.train_loss}, {"seconds", s.seconds},
           {"images_per_sec", s.images_per_sec}, {"final_loss_scale", s.final_scale},
-          {"peak_rss_mb", s.peak_rss_mb}};
+          {"peak_rss_mb", s.peak_rss_mb}, {"compute", s.compute}};
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
@@ -133,6 +133,7 @@ std::string summary_table(const Summary& s) {
       {"data", s.data},
       {"precision", s.precision},
       {"workers", std::to_string(s.world_size)},
+      {"compute threads (rank 0)", s.compute},
       {"epochs / steps", fmt::format("{} / {}", s.epochs, s.steps)},
       {"test accuracy", fmt::format("{:.2f} %", s.test_accuracy)},
       {"test loss", fmt::format("{:.4f}", s.test_loss)},

@@ -1,6 +1,8 @@
 #include <ampp/train/threads.h>
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
@@ -13,6 +15,21 @@ void set_compute_threads(int threads) {
   // Looked up at run time: LibTorch may be linked against another BLAS (or OpenBLAS may be absent).
   using SetThreads = void (*)(int);
   if (auto* set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(threads);
+}
+
+std::string describe_compute_threads() {
+  using GetThreads = int (*)();
+  using GetConfig = char* (*)();
+  std::string blas;
+  if (at::hasMKL()) {
+    blas = "MKL (on LibTorch's OpenMP threads)";
+  } else if (auto* get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))) {
+    auto* config = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+    blas = fmt::format("{} (own pool: {} threads)", config ? config() : "OpenBLAS", get());
+  } else {
+    blas = "neither MKL nor OpenBLAS (no pool of its own sized)";
+  }
+  return fmt::format("LibTorch: {} threads; BLAS: {}", at::get_num_threads(), blas);
 }
 
 }  // namespace ampp::train

@@ -386,6 +386,7 @@ Summary train(const TrainOptions& o) {
   // ---- summary ----
   Summary s;
   s.model = o.model(), s.data = data.description, s.precision = precision_label(o, amp), s.world_size = world;
+  s.compute = describe_compute_threads();
   s.epochs = epochs_done, s.steps = global_step, s.skipped_steps = skipped_total;
   s.test_accuracy = last_eval.accuracy, s.test_loss = last_eval.loss, s.train_loss = last_train_loss;
   s.seconds = elapsed();
