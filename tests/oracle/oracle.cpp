@@ -114,8 +114,9 @@ std::optional<json> run(const std::string& script, const json& input) {
 }
 
 std::string skip_message() {
-  return std::string("no Python torch ") + AMPP_ORACLE_TORCH_VERSION + " oracle at " + AMPP_ORACLE_PYTHON +
-         ": run scripts/install-deps.sh (or configure with -DAMPP_PYTHON=<python with that torch>); " + skip_reason();
+  return std::string("no Python oracle for LibTorch ") + AMPP_ORACLE_TORCH_VERSION + " at " + AMPP_ORACLE_PYTHON +
+         ": " + skip_reason() + " (without torch: run scripts/install-deps.sh, or configure with "
+         "-DAMPP_PYTHON=<a python with that torch>)";
 }
 
 std::string dtype_name(c10::ScalarType type) {
