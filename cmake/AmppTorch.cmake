@@ -70,3 +70,10 @@ else()
   find_package(OpenMP REQUIRED COMPONENTS CXX)
   set(AMPP_OPENMP_LIBRARIES ${OpenMP_CXX_LIBRARIES})
 endif()
+
+# Installed programs must find the LibTorch they were linked with, also where it is on no default
+# search path (the wheel's torch/lib): without this, the loader would pick Debian's libtorch when
+# both are installed, and fail on the first missing symbol.
+if(NOT TORCH_INSTALL_PREFIX STREQUAL "/usr")
+  list(APPEND CMAKE_INSTALL_RPATH "${TORCH_INSTALL_PREFIX}/lib")
+endif()

@@ -3,8 +3,12 @@
 
 #include <ampp/numerics/update_scale.h>
 
+#include "torch_compat.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+
+#include <cmath>
 
 #if __has_include(<ATen/ops/_amp_update_scale.h>)
 #include <ATen/ops/_amp_update_scale.h>
@@ -45,8 +49,9 @@ at::Tensor& amp_update_scale_(at::Tensor& current_scale, at::Tensor& growth_trac
   } else {
     const int32_t successful = *tracker + 1;
     if (successful == growth_interval) {
-      // 1.13 semantics: grows even if the product is +inf (2.1+ would keep the old scale).
-      *scale = static_cast<float>(static_cast<double>(*scale) * growth_factor);
+      // 1.13 grows even if the product is +inf; 2.1+ keeps the old scale then (torch_compat.h).
+      const float grown = static_cast<float>(static_cast<double>(*scale) * growth_factor);
+      if (!compat::kGrowthKeepsScaleFinite || std::isfinite(grown)) *scale = grown;
       *tracker = 0;
     } else {
       *tracker = successful;
