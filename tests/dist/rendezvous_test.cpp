@@ -155,6 +155,16 @@ TEST(Rendezvous, EnvTwoRanksAsTorchrunSetsThem) {
   }));
 }
 
+// Rank 0 never comes: a timeout, named as one (not as a lost connection), on every LibTorch.
+TEST(Rendezvous, MissingRankZeroIsATimeout) {
+  const auto path = std::filesystem::temp_directory_path() / ("ampp_rdzv_" + std::to_string(free_port()));
+  std::filesystem::remove(path);
+  const auto msg =
+      init_error(InitOptions().init_method("file://" + path.string() + "?world_size=2&rank=1").timeout(1s));
+  std::filesystem::remove(path);
+  EXPECT_HAS(msg, "rank 1 timed out after 1s waiting for rank 0 to join the rendezvous");
+}
+
 TEST(Rendezvous, FileTwoRanks) {
   const auto path = std::filesystem::temp_directory_path() / ("ampp_rdzv_" + std::to_string(free_port()));
   std::filesystem::remove(path);

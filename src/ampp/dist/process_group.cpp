@@ -177,6 +177,13 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port
   }
 }
 
+// Store I/O failed because the store's host (rank 0) went away, not because of a timeout.
+void lost_store(int rank, int world, const std::string& what) {
+  TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " lost the connection to the rendezvous store "
+              "while waiting for all ", world, " ranks: rank 0 (the store's host) probably exited, e.g. after an "
+              "error in another rank (see its message). c10d said: ", what);
+}
+
 // Every rank checks in; rank 0 publishes its world size. Each rank compares, and any disagreement
 // (world size, duplicate rank, too many ranks) is written to an error key that every rank polls,
 // so all ranks fail fast with the same message instead of timing out in the backend.
@@ -198,6 +205,11 @@ void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono:
   try {
     w0_bytes = store.get(kWorld);  // waits (store timeout) for rank 0
   } catch (const std::exception& e) {
+    // A closed connection (rank 0 exited after reporting an error) is not a timeout. (c10::Error's
+    // what() carries a backtrace whose frames must not be read as the message.)
+    const auto* error = dynamic_cast<const c10::Error*>(&e);
+    const std::string what = error ? error->what_without_backtrace() : e.what();
+    if (!compat::is_store_timeout(what)) lost_store(rank, world, what);
     TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " timed out after ", seconds(timeout),
                 " waiting for rank 0 to join the rendezvous. Start a process with RANK=0, or raise the "
                 "timeout. c10d said: ", e.what());
@@ -227,12 +239,6 @@ void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono:
                 "the timeout.");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-}
-
-void lost_store(int rank, int world, const std::string& what) {
-  TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " lost the connection to the rendezvous store "
-              "while waiting for all ", world, " ranks: rank 0 (the store's host) probably exited, e.g. after an "
-              "error in another rank (see its message). c10d said: ", what);
 }
 
 // Store I/O fails with a plain socket error when the master (rank 0, which serves the store) exits,

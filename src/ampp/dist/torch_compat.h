@@ -50,4 +50,11 @@ inline bool is_address_in_use(const std::string& what) {
          what.find("EADDRINUSE") != std::string::npos;
 }
 
+// A store wait that ran out of time, as opposed to a lost connection: 1.13 says "Socket Timeout" or
+// "Wait timeout", 2.x "wait timeout after ...ms" (c10::DistStoreError); a closed connection is
+// "Connection reset", "Broken pipe" or 2.x's "Failed to recv, got 0 bytes".
+inline bool is_store_timeout(const std::string& what) {
+  return what.find("imeout") != std::string::npos || what.find("timed out") != std::string::npos;
+}
+
 }  // namespace ampp::dist::compat
