@@ -100,7 +100,8 @@ CommHook fp16_compress_hook(ProcessGroup group) { return compress_hook(std::move
 
 CommHook bf16_compress_hook(ProcessGroup group) {
   // Gloo that sums bf16 (2.2+), or another backend: exactly PyTorch's hook.
-  if (group.backend() != "gloo" || compat::kGlooSumsBFloat16) return compress_hook(std::move(group), torch::kBFloat16);
+  if (group.backend() != "gloo" || gloo_can_sum(torch::kBFloat16))
+    return compress_hook(std::move(group), torch::kBFloat16);
   // 1.13's Gloo cannot: the bf16 payloads are allgathered bit-exactly and summed in fp32.
   return [group](GradBucket& bucket) {
     torch::NoGradGuard no_grad;
