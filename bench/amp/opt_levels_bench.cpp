@@ -11,7 +11,7 @@
 #include <ampp/train/allocator.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
-#include <ampp/train/threads.h>
+#include <ampp/util/threads.h>
 
 #include <benchmark/benchmark.h>
 #include <fmt/core.h>
@@ -50,7 +50,7 @@ std::vector<Config> configs() {
   return out;
 }
 
-void single_thread() { ampp::train::set_compute_threads(1); }
+void single_thread() { ampp::set_compute_threads(1); }
 
 constexpr int64_t kBatch = 256;
 

@@ -18,7 +18,7 @@
 #include <ampp/precision/kernels.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/models.h>
-#include <ampp/train/threads.h>
+#include <ampp/util/threads.h>
 
 #include <ampp/precision/torch_compat.h>
 #include <benchmark/benchmark.h>
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
   ampp::train::retain_freed_memory();  // the allocator setup `ampp train` runs with
   const char* env = std::getenv("AMPP_BENCH_THREADS");
   const int threads = env ? std::atoi(env) : 1;
-  ampp::train::set_compute_threads(threads);
+  ampp::set_compute_threads(threads);
   register_all();
   benchmark::Initialize(&argc, argv);
   RatioReporter reporter;

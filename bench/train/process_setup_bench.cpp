@@ -7,7 +7,7 @@
 //   ampp_bench_process_setup [steps=40] [rounds=3]
 #include <ampp/train/allocator.h>
 #include <ampp/train/models.h>
-#include <ampp/train/threads.h>
+#include <ampp/util/threads.h>
 
 #include <fmt/core.h>
 #include <torch/torch.h>
@@ -26,7 +26,7 @@ namespace {
 // Median milliseconds of `steps` training steps, in this (child) process.
 double median_step_ms(const std::string& model_name, bool retain, int steps) {
   if (retain) ampp::train::retain_freed_memory();
-  ampp::train::set_compute_threads(1);
+  ampp::set_compute_threads(1);
   torch::manual_seed(0);
   auto model = ampp::train::make_model(model_name);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));

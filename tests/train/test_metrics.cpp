@@ -1,6 +1,6 @@
 // metrics.jsonl records, the progress bar's plain-line mode, the summary table and the plots.
 #include <ampp/train/metrics.h>
-#include <ampp/train/threads.h>
+#include <ampp/util/threads.h>
 
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
@@ -81,8 +81,8 @@ TEST(Metrics, SummaryTableHasEveryField) {
 }
 
 TEST(Metrics, ComputeThreadsNameTheBlasAndTheThreadCount) {
-  ampp::train::set_compute_threads(1);
-  const std::string d = ampp::train::describe_compute_threads();
+  ampp::set_compute_threads(1);
+  const std::string d = ampp::describe_compute_threads();
   EXPECT_NE(d.find("LibTorch: 1 threads"), std::string::npos) << d;
   // The wheel's BLAS is MKL; Debian's LibTorch uses OpenBLAS (its pool sized to the same 1 thread).
   if (at::hasMKL())

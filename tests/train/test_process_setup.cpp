@@ -1,6 +1,6 @@
 // Process-wide setup `ampp train` runs: glibc keeps freed buffers, BLAS and LibTorch share a thread count.
 #include <ampp/train/allocator.h>
-#include <ampp/train/threads.h>
+#include <ampp/util/threads.h>
 #include <gtest/gtest.h>
 
 #include <ATen/Parallel.h>
@@ -33,8 +33,8 @@ TEST(RetainFreedMemory, BuffersUpTo32MiBComeFromTheHeapAndStayThere) {
 
 TEST(SetComputeThreads, SetsLibTorchThreadsAndRejectsZero) {
   const int before = at::get_num_threads();
-  ampp::train::set_compute_threads(1);
+  ampp::set_compute_threads(1);
   EXPECT_EQ(at::get_num_threads(), 1);
-  EXPECT_THROW(ampp::train::set_compute_threads(0), c10::Error);
-  ampp::train::set_compute_threads(before);
+  EXPECT_THROW(ampp::set_compute_threads(0), c10::Error);
+  ampp::set_compute_threads(before);
 }

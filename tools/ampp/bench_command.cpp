@@ -11,7 +11,7 @@
 #include <ampp/numerics/unscale.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/models.h>
-#include <ampp/train/threads.h>
+#include <ampp/util/threads.h>
 
 #include <fmt/core.h>
 
@@ -84,7 +84,7 @@ OptLevelTiming time_opt_level(const std::string& model_name, const std::string& 
 
 int run_bench(const BenchOptions& options) {
   ampp::train::retain_freed_memory();  // as `ampp train` does, so steps are timed as they train
-  ampp::train::set_compute_threads(options.threads > 0 ? options.threads : at::get_num_threads());
+  ampp::set_compute_threads(options.threads > 0 ? options.threads : at::get_num_threads());
   fmt::print("ampp bench: {} intra-op threads, batch {}, low precision {}, loss scale {}, median of {} steps\n\n",
              at::get_num_threads(), options.batch_size, options.dtype,
              options.loss_scale.empty() ? "per opt level" : options.loss_scale, options.steps);

@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include <ampp/dist/launcher.h>
+#include <ampp/util/threads.h>
 
 #include "ampp/dist/launcher_posix.h"
 #include "command_registry.h"
@@ -46,7 +47,7 @@ int parse_int(const std::string& flag, const std::string& text) {
 
 // torchrun: an integer, "cpu" (cores), "gpu" (CUDA devices) or "auto" (gpu if any, else cpu).
 int parse_nproc(const std::string& text) {
-  if (text == "cpu") return ampp::dist::detail::usable_cores();
+  if (text == "cpu") return ampp::usable_cores();
   if (text == "gpu") {
     const int gpus = static_cast<int>(torch::cuda::device_count());
     TORCH_CHECK(gpus > 0, "--nproc-per-node gpu: CUDA is not available; give a number or 'cpu'");
@@ -54,7 +55,7 @@ int parse_nproc(const std::string& text) {
   }
   if (text == "auto") {
     const int gpus = static_cast<int>(torch::cuda::device_count());
-    return gpus > 0 ? gpus : ampp::dist::detail::usable_cores();
+    return gpus > 0 ? gpus : ampp::usable_cores();
   }
   return parse_int("--nproc-per-node", text);
 }

@@ -1,7 +1,8 @@
 // The `ampp run` launcher: a static-rendezvous torchrun. One attempt = start every local worker,
 // stream their output, wait; the first failure tears the group down (SIGTERM, then SIGKILL after
 // the grace period); a failed attempt is retried while restarts are left.
-#include "ampp/dist/launcher.h"
+#include <ampp/dist/launcher.h>
+#include <ampp/util/threads.h>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -435,7 +436,7 @@ int launch(const LaunchOptions& options, std::vector<std::string> argv) {
   // No agent-hosted store here: PyTorch workers must create the TCPStore themselves (rank 0).
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
-  const int threads = detail::threads_per_worker(options.nproc_per_node());
+  const int threads = ampp::threads_per_worker(options.nproc_per_node());
   std::vector<std::string> set_threads;
   for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
     if (env.emplace(name, std::to_string(threads)).second) {
@@ -446,7 +447,7 @@ int launch(const LaunchOptions& options, std::vector<std::string> argv) {
     say(options, fmt::format("setting {} for each worker ({} usable cores / {} workers on this "
                              "node) so the workers do not oversubscribe the cores; set it in the "
                              "environment to override",
-                             fmt::join(set_threads, " and "), detail::usable_cores(),
+                             fmt::join(set_threads, " and "), ampp::usable_cores(),
                              options.nproc_per_node()));
   }
 

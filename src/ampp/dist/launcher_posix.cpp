@@ -19,17 +19,6 @@
 
 namespace ampp::dist::detail {
 
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    return std::max(1, CPU_COUNT(&set));
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
-int threads_per_worker(int procs) { return std::max(1, usable_cores() / std::max(1, procs)); }
-
 int find_free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   TORCH_CHECK(fd >= 0, "cannot create a socket to look for a free port: ", std::strerror(errno));

@@ -1,6 +1,6 @@
 #pragma once
 // POSIX process plumbing shared by ampp::dist::spawn and the `ampp run` launcher (Linux only):
-// core counts, free ports, wait-status descriptions, process-group teardown.
+// free ports, wait-status descriptions, process-group teardown.
 #include <sys/types.h>
 
 #include <chrono>
@@ -8,12 +8,6 @@
 #include <vector>
 
 namespace ampp::dist::detail {
-
-// CPUs this process may run on (sched_getaffinity, so taskset/cgroup cpusets are respected).
-int usable_cores();
-
-// max(1, cores / procs): intra-op threads per worker so that `procs` workers fill the cores once.
-int threads_per_worker(int procs);
 
 // An ephemeral TCP port that was free a moment ago (bind to port 0, read it back, close). Another
 // process can still take it before the rendezvous binds it; the window is tiny (torchrun's

@@ -1,5 +1,6 @@
 // ampp::dist::spawn: fork nprocs children, run fn(local_rank) in each, join, tear down on failure.
-#include "ampp/dist/spawn.h"
+#include <ampp/dist/spawn.h>
+#include <ampp/util/threads.h>
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -138,7 +139,7 @@ void spawn_local_ranks(const std::function<void(int)>& fn, int nprocs, const Spa
   int threads = options.num_threads();
   if (threads == 0) {
     const std::string omp = env_or("OMP_NUM_THREADS", "");
-    threads = omp.empty() ? detail::threads_per_worker(nprocs) : std::max(1, std::atoi(omp.c_str()));
+    threads = omp.empty() ? ampp::threads_per_worker(nprocs) : std::max(1, std::atoi(omp.c_str()));
   }
   // See spawn.h: a child of a process with a running OpenMP pool hangs in parallel regions with
   // more than one thread; other threads (ours or the user's) are a sign that the pool may exist.

@@ -9,7 +9,7 @@
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
-#include <ampp/train/threads.h>
+#include <ampp/util/threads.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/optim/schedulers/step_lr.h>
@@ -166,7 +166,7 @@ Summary train(const TrainOptions& o) {
   const int local_world = pg ? pg.local_size() : 1;
   int threads = o.threads();
   if (threads == 0) threads = env_int("OMP_NUM_THREADS", 0);
-  if (threads == 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_world);
+  if (threads == 0) threads = ampp::threads_per_worker(local_world);
   set_compute_threads(threads);  // LibTorch and OpenBLAS pools alike (threads.h)
   if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   const bool leader = rank == 0;

@@ -1,4 +1,4 @@
-#include <ampp/train/threads.h>
+#include <ampp/util/threads.h>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -6,8 +6,21 @@
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
+#include <sched.h>
 
-namespace ampp::train {
+#include <algorithm>
+#include <thread>
+
+namespace ampp {
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());  // affinity unknown: all of them
+}
+
+int threads_per_worker(int workers) { return std::max(1, usable_cores() / std::max(1, workers)); }
 
 void set_compute_threads(int threads) {
   TORCH_CHECK(threads >= 1, "set_compute_threads: need at least 1 thread, got ", threads);
@@ -32,4 +45,4 @@ std::string describe_compute_threads() {
   return fmt::format("LibTorch: {} threads; BLAS: {}", at::get_num_threads(), blas);
 }
 
-}  // namespace ampp::train
+}  // namespace ampp
