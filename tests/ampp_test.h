@@ -1,0 +1,77 @@
+#pragma once
+// What every test suite shares, in one namespace (ampp_test): a temporary folder, a snapshot of
+// tensors, bit-exact comparison, and one way to assert an error message.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+// Expects `stmt` to throw a std::exception (c10::Error included) whose message contains `text`.
+// c10::Error is matched on its message without LibTorch's backtrace.
+#define AMPP_EXPECT_THROW_WITH(stmt, text)                                             \
+  do {                                                                                 \
+    try {                                                                              \
+      stmt;                                                                            \
+      ADD_FAILURE() << "expected an exception containing: " << (text);                 \
+    } catch (const c10::Error& e) {                                                    \
+      EXPECT_THAT(e.what_without_backtrace(), ::testing::HasSubstr(text));             \
+    } catch (const std::exception& e) {                                                \
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(text));                               \
+    }                                                                                  \
+  } while (0)
+
+namespace ampp_test {
+
+// A fresh folder under $TMPDIR (mkdtemp), removed with everything in it at scope exit.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "ampp-test-") {
+    std::string templ = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + templ);
+    path_ = templ;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Detached copies: what the tensors hold now, unaffected by later in-place updates.
+inline std::vector<at::Tensor> snapshot(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> copies;
+  copies.reserve(tensors.size());
+  for (const auto& t : tensors) copies.push_back(t.defined() ? t.detach().clone() : at::Tensor());
+  return copies;
+}
+
+// Same dtype, shape and bits (NaNs with equal payloads compare equal, unlike equal()).
+inline bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const auto ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+}
+
+inline bool same_bits(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same_bits(a[i], b[i])) return false;
+  return true;
+}
+
+}  // namespace ampp_test
