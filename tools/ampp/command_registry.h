@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,14 @@ struct Command {
   std::string description;
   // Adds the subcommand's options to `sub`; returns the function that runs it (exit code).
   std::function<std::function<int()>(CLI::App& sub)> setup;
+  // Option fields whose flag is not "--" + the field name with '-' for '_' (see flag_names).
+  std::map<std::string, std::string> renamed_fields = {};
 };
+
+// The library names its option fields in errors ("LaunchOptions::nproc_per_node must be >= 1"); a
+// user of the command line typed flags. Rewrites every "<Something>Options::<field>" in `message`
+// as the flag that sets it ("--nproc-per-node"), using `renamed` where the two names differ.
+std::string flag_names(const std::string& message, const std::map<std::string, std::string>& renamed);
 
 std::vector<Command>& commands();
 

@@ -7,11 +7,30 @@
 #include <exception>
 #include <iostream>
 #include <map>
+#include <regex>
 
 namespace ampp::cli {
 std::vector<Command>& commands() {
   static std::vector<Command> all;
   return all;
+}
+
+std::string flag_names(const std::string& message, const std::map<std::string, std::string>& renamed) {
+  static const std::regex field(R"(\b[A-Z][A-Za-z]*Options::([a-z0-9_]+))");
+  std::string out;
+  auto last = message.cbegin();
+  for (std::sregex_iterator it(message.begin(), message.end(), field), end; it != end; ++it) {
+    out.append(last, (*it)[0].first);
+    std::string name = (*it)[1].str();
+    if (auto r = renamed.find(name); r != renamed.end()) {
+      out += r->second;
+    } else {
+      std::replace(name.begin(), name.end(), '_', '-');
+      out += "--" + name;
+    }
+    last = (*it)[0].second;
+  }
+  return out.append(last, message.cend());
 }
 }  // namespace ampp::cli
 
@@ -31,18 +50,20 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  for (auto& [sub, run] : runners) {
-    if (sub->parsed()) {
-      try {
-        return run();
-      } catch (const c10::Error& e) {
-        // LibTorch's what() carries a C++ backtrace; users need the message.
-        std::cerr << "ampp " << sub->get_name() << ": error: " << e.what_without_backtrace() << "\n";
-        return 1;
-      } catch (const std::exception& e) {
-        std::cerr << "ampp " << sub->get_name() << ": error: " << e.what() << "\n";
-        return 1;
-      }
+  for (auto& command : commands) {
+    CLI::App* sub = app.get_subcommand(command.name);
+    if (!sub->parsed()) continue;
+    auto fail = [&](const std::string& message) {
+      std::cerr << "ampp " << command.name << ": error: " << ampp::cli::flag_names(message, command.renamed_fields)
+                << "\n";
+      return 1;
+    };
+    try {
+      return runners.at(sub)();
+    } catch (const c10::Error& e) {
+      return fail(e.what_without_backtrace());  // LibTorch's what() carries a C++ backtrace
+    } catch (const std::exception& e) {
+      return fail(e.what());
     }
   }
   return 2;
