@@ -45,6 +45,8 @@ install_apt() {
 
 # The CPU wheel of torch 2.13.0 is built for CPython 3.11 (pinned: any other version is a
 # multi-GB CUDA download).
+clang_format_version=19.1.7
+
 install_wheel() {
   if [ -x "$venv/bin/python" ] &&
      "$venv/bin/python" -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
@@ -62,5 +64,12 @@ install_wheel() {
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" numpy
 }
 
+# The formatter CI checks with (scripts/check-format.sh), pinned so that every machine agrees.
+install_clang_format() {
+  if "$venv/bin/clang-format" --version 2>/dev/null | grep -q "version $clang_format_version"; then return; fi
+  echo "install-deps: clang-format $clang_format_version into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "clang-format==$clang_format_version"
+}
+
 install_apt
-if [ "$torch" = wheel ]; then install_wheel; fi
+if [ "$torch" = wheel ]; then install_wheel; install_clang_format; fi
