@@ -45,7 +45,7 @@ def public_layer(path):
         return None
     if len(parts) >= 3:
         return parts[1]
-    return "all" if path == "ampp/ampp.h" else forwarder_target(ROOT / "include" / path)
+    return "all" if path == "ampp/ampp.h" else forwarder_target(ROOT / "include" / path) or "top-level"
 
 
 def owner(file):
@@ -88,7 +88,9 @@ def check_file(file, order, problems, uses):
         if not path.startswith("ampp/"):
             continue
         target = public_layer(path)
-        if target is None and (ROOT / "src" / path).exists():
+        if target == "top-level":
+            problems.append(f"{where}: top-level headers are one-line forwarders to include/ampp/<layer>/")
+        elif target is None and (ROOT / "src" / path).exists():
             check_private(where, path.split("/")[1], kind, layer, rank, problems)
         elif target is None:
             problems.append(f"{where}: no such public header (include/{path})")
