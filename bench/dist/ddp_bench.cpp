@@ -157,8 +157,8 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
     Cnn net;
     DistributedDataParallel ddp(net, g_pg,
                                 DistributedDataParallelOptions().gradient_as_bucket_view(cmd == kTrainDdpBucketView));
-    if (cmd == kTrainDdpFp16) ddp.register_builtin_comm_hook(BuiltinCommHook::FP16_COMPRESS);
-    if (cmd == kTrainDdpBf16) ddp.register_builtin_comm_hook(BuiltinCommHook::BF16_COMPRESS);
+    if (cmd == kTrainDdpFp16) ddp.register_builtin_comm_hook(BuiltinCommHook::kFp16Compress);
+    if (cmd == kTrainDdpBf16) ddp.register_builtin_comm_hook(BuiltinCommHook::kBf16Compress);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     auto b = make_batch(kGlobalBatch / g_pg.size(), 1 + rank);
     double hidden = 0;
@@ -261,8 +261,8 @@ void run(Cmd cmd, int64_t iters, benchmark::State* st) {
     return;
   }
   DistributedDataParallel ddp(net, g_pg, DistributedDataParallelOptions().broadcast_buffers(false));
-  if (cmd == kCommFp16) ddp.register_builtin_comm_hook(BuiltinCommHook::FP16_COMPRESS);
-  if (cmd == kCommBf16) ddp.register_builtin_comm_hook(BuiltinCommHook::BF16_COMPRESS);
+  if (cmd == kCommFp16) ddp.register_builtin_comm_hook(BuiltinCommHook::kFp16Compress);
+  if (cmd == kCommBf16) ddp.register_builtin_comm_hook(BuiltinCommHook::kBf16Compress);
   auto params = net->parameters();
   const auto tx0 = lo_tx_bytes();
   int64_t n = 0;
@@ -384,7 +384,7 @@ int main(int argc, char** argv) {
   const pid_t child = fork();
   const int rank = child == 0 ? 1 : 0;
   at::set_num_threads(1);
-  ampp::dist::set_log_level(ampp::dist::LogLevel::Warning);
+  ampp::dist::set_log_level(ampp::dist::LogLevel::kWarning);
   g_pg = ampp::dist::init_process_group(ampp::dist::InitOptions()
                                 .init_method(fmt::format("tcp://127.0.0.1:{}", port))
                                 .rank(rank)

@@ -293,9 +293,9 @@ TEST(DDP, Bf16CompressHookSumsInBf16WhereGlooCan) {
 }
 
 TEST(DDP, CompressionHooksWithinTheirPrecision) {
-  for (auto type : {BuiltinCommHook::FP16_COMPRESS, BuiltinCommHook::BF16_COMPRESS}) {
+  for (auto type : {BuiltinCommHook::kFp16Compress, BuiltinCommHook::kBf16Compress}) {
     const int port = free_port();
-    const double tol = type == BuiltinCommHook::FP16_COMPRESS ? 2e-3 : 1.6e-2;  // ~2^-10, ~2^-7 (+ rounding)
+    const double tol = type == BuiltinCommHook::kFp16Compress ? 2e-3 : 1.6e-2;  // ~2^-10, ~2^-7 (+ rounding)
     expect_all_ok(run_ranks(2, [&](int rank) {
       auto pg = init_tcp(rank, 2, port);
       auto model = make_model(rank + 1);
@@ -468,7 +468,7 @@ TEST(DDP, GradientAsBucketViewIsBitIdenticalToCopying) {
     auto pg = init_tcp(rank, 2, port);
     const auto tiny = DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256);
     const auto as_view = DistributedDataParallelOptions(tiny).gradient_as_bucket_view(true);
-    for (auto hook : {std::optional<BuiltinCommHook>(), std::optional(BuiltinCommHook::FP16_COMPRESS)}) {
+    for (auto hook : {std::optional<BuiltinCommHook>(), std::optional(BuiltinCommHook::kFp16Compress)}) {
       const auto copying = train_steps(pg, rank, tiny, hook);
       const auto viewing = train_steps(pg, rank, as_view, hook);
       for (size_t s = 0; s < copying.grads.size(); ++s)

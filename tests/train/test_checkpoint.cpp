@@ -10,7 +10,7 @@
 #include <fstream>
 #include <thread>
 
-#include "train/test_util.h"
+#include "ampp_test.h"
 
 namespace fs = std::filesystem;
 using namespace ampp::train;
@@ -24,7 +24,7 @@ void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::
 }  // namespace
 
 TEST(Checkpoint, ArchiveRoundTripIsExact) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = (tmp.path() / "sub" / "ckpt").string();  // folder created on demand
   auto w = torch::randn({5, 7});
   torch::serialize::OutputArchive out;
@@ -48,18 +48,18 @@ TEST(Checkpoint, ArchiveRoundTripIsExact) {
 }
 
 TEST(Checkpoint, TruncationAtEveryRegionIsAClearError) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = tmp.path() / "c";
   write_checkpoint_bytes(path.string(), std::string(1000, 'x'));
   const std::string good = slurp(path);
   for (size_t keep : {size_t{0}, size_t{5}, size_t{20}, size_t{32}, size_t{500}, good.size() - 1}) {
     spit(path, good.substr(0, keep));
-    EXPECT_THROW_MSG(read_checkpoint_bytes(path.string()), keep < 8 ? "not an ampp checkpoint" : "truncated");
+    AMPP_EXPECT_THROW_WITH(read_checkpoint_bytes(path.string()), keep < 8 ? "not an ampp checkpoint" : "truncated");
   }
 }
 
 TEST(Checkpoint, FlippedBitsAreDetected) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = tmp.path() / "c";
   write_checkpoint_bytes(path.string(), std::string(1000, 'x'));
   const std::string good = slurp(path);
@@ -67,25 +67,25 @@ TEST(Checkpoint, FlippedBitsAreDetected) {
     std::string bad = good;
     bad[at] ^= 0x10;
     spit(path, bad);
-    EXPECT_THROW_MSG(read_checkpoint_bytes(path.string()), "corrupted");
+    AMPP_EXPECT_THROW_WITH(read_checkpoint_bytes(path.string()), "corrupted");
   }
   spit(path, good + "junk");
-  EXPECT_THROW_MSG(read_checkpoint_bytes(path.string()), "unexpected bytes");
+  AMPP_EXPECT_THROW_WITH(read_checkpoint_bytes(path.string()), "unexpected bytes");
   spit(path, "PK\x03\x04 this is a zip file, not ours");
-  EXPECT_THROW_MSG(read_checkpoint_bytes(path.string()), "not an ampp checkpoint");
-  EXPECT_THROW_MSG(read_checkpoint_bytes((tmp.path() / "missing").string()), "does not exist");
+  AMPP_EXPECT_THROW_WITH(read_checkpoint_bytes(path.string()), "not an ampp checkpoint");
+  AMPP_EXPECT_THROW_WITH(read_checkpoint_bytes((tmp.path() / "missing").string()), "does not exist");
 }
 
 TEST(Checkpoint, ValidContainerWithGarbagePayloadIsAClearError) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = (tmp.path() / "c").string();
   write_checkpoint_bytes(path, "not a torch archive");
   torch::serialize::InputArchive in;
-  EXPECT_THROW_MSG(load_checkpoint(in, path), "cannot read the archive");
+  AMPP_EXPECT_THROW_WITH(load_checkpoint(in, path), "cannot read the archive");
 }
 
 TEST(Checkpoint, ProcessKilledDuringSaveLeavesThePreviousCheckpointLoadable) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = (tmp.path() / "ckpt").string();
   const std::string previous(4096, 'p');
   write_checkpoint_bytes(path, previous);

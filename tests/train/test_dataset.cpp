@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "train/test_util.h"
+#include "ampp_test.h"
 
 namespace fs = std::filesystem;
 using namespace ampp::train;
@@ -53,7 +53,7 @@ void write_tiny_folder(const fs::path& dir, bool gzip) {
 }  // namespace
 
 TEST(Idx, ReadsPlainAndGzipWithHeaderShape) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto bytes = iota_bytes(24);
   for (bool gzip : {false, true}) {
     const fs::path p = tmp.path() / (gzip ? "a.gz" : "a");
@@ -67,40 +67,40 @@ TEST(Idx, ReadsPlainAndGzipWithHeaderShape) {
 }
 
 TEST(Idx, TruncatedFileIsAClearError) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   auto bytes = idx_bytes({2, 3, 4}, iota_bytes(24));
   bytes.resize(bytes.size() - 5);
   write_file(tmp.path() / "t", bytes, false);
-  EXPECT_THROW_MSG(read_idx((tmp.path() / "t").string()), "truncated");
+  AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "t").string()), "truncated");
 }
 
 TEST(Idx, BadMagicTypeAndTrailingBytesAreClearErrors) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   write_file(tmp.path() / "m", "PK\x03\x04garbage", false);
-  EXPECT_THROW_MSG(read_idx((tmp.path() / "m").string()), "not an IDX file");
+  AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "m").string()), "not an IDX file");
   std::string wrong_type = idx_bytes({2}, {1, 2});
   wrong_type[2] = 0x0D;  // float
   write_file(tmp.path() / "f", wrong_type, false);
-  EXPECT_THROW_MSG(read_idx((tmp.path() / "f").string()), "only unsigned-byte");
+  AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "f").string()), "only unsigned-byte");
   write_file(tmp.path() / "x", idx_bytes({2}, {1, 2, 3}), false);
-  EXPECT_THROW_MSG(read_idx((tmp.path() / "x").string()), "data past the size");
-  EXPECT_THROW_MSG(read_idx((tmp.path() / "missing").string()), "does not exist");
+  AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "x").string()), "data past the size");
+  AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "missing").string()), "does not exist");
 }
 
 TEST(Idx, CorruptGzipIsAClearError) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   write_file(tmp.path() / "g.gz", idx_bytes({64}, std::vector<uint8_t>(64, 9)), true);
   // Flip bytes inside the deflate stream: zlib reports a data error or a CRC mismatch.
   std::fstream f(tmp.path() / "g.gz", std::ios::in | std::ios::out | std::ios::binary);
   f.seekp(12);
   f.write("\xff\xff\xff\xff\xff\xff", 6);
   f.close();
-  EXPECT_THROW_MSG(read_idx((tmp.path() / "g.gz").string()), "IDX file");
+  AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "g.gz").string()), "IDX file");
 }
 
 TEST(MnistFolder, LoadsAndNormalisesWithTrainingStatistics) {
   for (bool gzip : {false, true}) {
-    TempDir tmp;
+    ampp_test::TempDir tmp;
     write_tiny_folder(tmp.path(), gzip);
     auto pair = load_mnist_folder(tmp.path().string());
     ASSERT_EQ(pair.train.images.sizes(), (std::vector<int64_t>{6, 1, 2, 3}));
@@ -119,12 +119,12 @@ TEST(MnistFolder, LoadsAndNormalisesWithTrainingStatistics) {
 }
 
 TEST(MnistFolder, MissingFilesAndCountMismatchAreClearErrors) {
-  TempDir tmp;
-  EXPECT_THROW_MSG(load_mnist_folder((tmp.path() / "nope").string()), "does not exist");
-  EXPECT_THROW_MSG(load_mnist_folder(tmp.path().string()), "train-images-idx3-ubyte");
+  ampp_test::TempDir tmp;
+  AMPP_EXPECT_THROW_WITH(load_mnist_folder((tmp.path() / "nope").string()), "does not exist");
+  AMPP_EXPECT_THROW_WITH(load_mnist_folder(tmp.path().string()), "train-images-idx3-ubyte");
   write_tiny_folder(tmp.path(), false);
   write_file(tmp.path() / "train-labels-idx1-ubyte", idx_bytes({5}, {0, 1, 2, 0, 1}), false);
-  EXPECT_THROW_MSG(load_mnist_folder(tmp.path().string()), "6 images but");
+  AMPP_EXPECT_THROW_WITH(load_mnist_folder(tmp.path().string()), "6 images but");
 }
 
 TEST(Synthetic, SeededAndReproducible) {
@@ -137,7 +137,7 @@ TEST(Synthetic, SeededAndReproducible) {
   EXPECT_EQ(a.train.images.sizes(), (std::vector<int64_t>{64, 1, 28, 28}));
   EXPECT_LT(a.train.labels.max().item<int64_t>(), 10);
   EXPECT_EQ(load_dataset("synthetic:100").train.size(), 100);
-  EXPECT_THROW_MSG(load_dataset("synthetic:abc"), "synthetic:N");
+  AMPP_EXPECT_THROW_WITH(load_dataset("synthetic:abc"), "synthetic:N");
 }
 
 TEST(Batches, FollowsTheIndexListAndResumesMidway) {
@@ -159,5 +159,5 @@ TEST(Batches, FollowsTheIndexListAndResumesMidway) {
   dropped.skip_to(1);
   EXPECT_TRUE(torch::equal(dropped.next()->target, pair.train.labels.index_select(0, torch::tensor({1, 0, 7}))));
   EXPECT_FALSE(dropped.next());
-  EXPECT_THROW_MSG(BatchIterator(pair.train, {10}, 2, false), "out of range");
+  AMPP_EXPECT_THROW_WITH(BatchIterator(pair.train, {10}, 2, false), "out of range");
 }

@@ -7,14 +7,17 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 
-#include "train/test_util.h"
+#include "ampp_test.h"
 
 namespace fs = std::filesystem;
 using namespace ampp::train;
 
 TEST(Metrics, JsonlRecordsRoundTripAndAppend) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = (tmp.path() / "m" / "metrics.jsonl").string();
   {
     MetricsWriter w(path, /*append=*/false);
@@ -41,14 +44,14 @@ TEST(Metrics, JsonlRecordsRoundTripAndAppend) {
 }
 
 TEST(Metrics, MalformedJsonlNamesTheLine) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = tmp.path() / "bad.jsonl";
   std::ofstream(path) << "{\"a\":1}\n{oops\n";
-  EXPECT_THROW_MSG(read_jsonl(path.string()), "bad.jsonl:2");
+  AMPP_EXPECT_THROW_WITH(read_jsonl(path.string()), "bad.jsonl:2");
 }
 
 TEST(Metrics, PlainProgressPrintsAboutTenLinesPerEpoch) {
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = tmp.path() / "progress.txt";
   std::FILE* f = std::fopen(path.c_str(), "w");
   ProgressBar bar(0, 3, 100, /*is_tty=*/false, f);
@@ -93,7 +96,7 @@ TEST(Metrics, ComputeThreadsNameTheBlasAndTheThreadCount) {
 
 TEST(Metrics, PlotsArePngFiles) {
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot not installed";
-  TempDir tmp;
+  ampp_test::TempDir tmp;
   const auto path = (tmp.path() / "metrics.jsonl").string();
   {
     MetricsWriter w(path, false);
@@ -118,4 +121,24 @@ TEST(Metrics, PlotsArePngFiles) {
     EXPECT_EQ(std::string(sig + 1, 3), "PNG") << p;
     EXPECT_GT(fs::file_size(p), 5000u) << p;
   }
+  // The data gnuplot drew: every record, in order, with the values written above.
+  auto rows = [&](const std::string& name) {
+    std::ifstream in(tmp.path() / "plot_data" / name);
+    std::vector<std::vector<double>> out;
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty() || line[0] == '#') continue;
+      std::istringstream fields(line);
+      out.emplace_back(std::istream_iterator<double>(fields), std::istream_iterator<double>());
+    }
+    return out;
+  };
+  const auto epochs = rows("epochs.dat");
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_EQ(epochs[1], (std::vector<double>{2, 0.5, 0.55, 81, 80}));  // epoch, losses, accuracies
+  const auto steps = rows("steps.dat");
+  ASSERT_EQ(steps.size(), 40u);
+  EXPECT_EQ(steps[9], (std::vector<double>{10, 8192, 1010, 0.1}));  // step, scale, images/s, loss
+  const auto skipped = rows("skipped.dat");
+  ASSERT_EQ(skipped.size(), 3u);  // steps 1-3, each at the scale after its backoff
+  EXPECT_EQ(skipped[2], (std::vector<double>{3, 8192}));
 }

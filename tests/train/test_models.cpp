@@ -2,7 +2,7 @@
 #include <ampp/train/models.h>
 #include <gtest/gtest.h>
 
-#include "train/test_util.h"
+#include "ampp_test.h"
 
 using namespace ampp::train;
 
@@ -36,4 +36,4 @@ TEST(Models, SameSeedSameWeights) {
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
 }
 
-TEST(Models, UnknownNameListsTheChoices) { EXPECT_THROW_MSG(make_model("vgg"), "choose one of: mlp, cnn, resnet"); }
+TEST(Models, UnknownNameListsTheChoices) { AMPP_EXPECT_THROW_WITH(make_model("vgg"), "choose one of: mlp, cnn, resnet"); }

@@ -5,8 +5,13 @@
 
 #include <ATen/Parallel.h>
 
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <sched.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -31,10 +36,42 @@ TEST(RetainFreedMemory, BuffersUpTo32MiBComeFromTheHeapAndStayThere) {
 }
 #endif
 
-TEST(SetComputeThreads, SetsLibTorchThreadsAndRejectsZero) {
+// The BLAS pool's own thread count, when LibTorch's BLAS has one: OpenBLAS (Debian's LibTorch)
+// or MKL (the wheel). -1 when neither is loaded.
+int blas_threads() {
+  using GetThreads = int (*)();
+  if (auto* openblas = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))) return openblas();
+  if (auto* mkl = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "mkl_get_max_threads"))) return mkl();
+  return -1;
+}
+
+TEST(SetComputeThreads, SetsLibTorchAndBlasThreadsAndRejectsZero) {
   const int before = at::get_num_threads();
-  ampp::set_compute_threads(1);
-  EXPECT_EQ(at::get_num_threads(), 1);
+  for (int threads : {1, 2}) {
+    ampp::set_compute_threads(threads);
+    EXPECT_EQ(at::get_num_threads(), threads);
+    const int blas = blas_threads();
+    if (blas != -1) EXPECT_EQ(blas, threads) << "the BLAS pool kept its own size";
+    EXPECT_NE(ampp::describe_compute_threads().find(fmt::format("LibTorch: {} threads", threads)), std::string::npos);
+  }
   EXPECT_THROW(ampp::set_compute_threads(0), c10::Error);
   ampp::set_compute_threads(before);
+}
+
+TEST(UsableCores, FollowsTheAffinityMaskNotTheMachine) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  EXPECT_EQ(ampp::usable_cores(), CPU_COUNT(&saved));
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &saved)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // as under `taskset -c N`
+  EXPECT_EQ(ampp::usable_cores(), 1);
+  EXPECT_EQ(ampp::threads_per_worker(2), 1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
 }

@@ -9,6 +9,7 @@
 
 #include <ampp/initialize.h>
 #include <ampp/numerics/unscale.h>
+#include <ampp/precision/dtype.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/models.h>
 #include <ampp/util/threads.h>
@@ -58,7 +59,7 @@ OptLevelTiming time_opt_level(const std::string& model_name, const std::string& 
   torch::manual_seed(0);
   auto model = ampp::train::make_model(model_name);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  auto dtype = options.dtype == "fp16" ? torch::kHalf : torch::kBFloat16;
+  const auto dtype = ampp::parse_low_precision_dtype(options.dtype, "--dtype");
   ampp::Properties props(level);
   props.dtype(dtype).profile(true).verbosity(0);
   if (!options.loss_scale.empty() && level != "O0") props.loss_scale(ampp::LossScale(options.loss_scale));
@@ -136,8 +137,8 @@ int run_bench(const BenchOptions& options) {
       sub.add_option("--models", options->models, "reference models")
           ->check(CLI::IsMember({"mlp", "cnn", "resnet"}));
       sub.add_option("--opt-levels", options->levels, "opt levels; the first is the baseline")
-          ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}));
-      sub.add_option("--dtype", options->dtype, "low-precision type")->check(CLI::IsMember({"bf16", "fp16"}));
+          ->check(ampp::cli::parsed_by(ampp::parse_opt_level, "OPT_LEVEL"));
+      sub.add_option("--dtype", options->dtype, "low-precision type")->check(ampp::cli::parsed_by([](const std::string& text) { return ampp::parse_low_precision_dtype(text, "the value"); }, "DTYPE"));
       sub.add_option("--loss-scale", options->loss_scale,
                      "dynamic or a number for O1-O3 (default: the opt level's); 1 drops the scaler, as bf16 allows")
           ->check([](const std::string& v) {

@@ -3,6 +3,7 @@
 // `train`, `run` and `bench` stay independent files. Safe because they are linked into the
 // executable directly (static initialisers in an executable's own objects always run).
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 
 #include <functional>
 #include <map>
@@ -27,9 +28,28 @@ std::string flag_names(const std::string& message, const std::map<std::string, s
 
 std::vector<Command>& commands();
 
+// The command line as the user typed it, after the program name ("train", "--nproc", "2", ...):
+// a command that re-executes itself (`ampp train` starting its workers) passes it on unchanged.
+const std::vector<std::string>& original_args();
+
 inline bool register_command(Command command) {
   commands().push_back(std::move(command));
   return true;
+}
+
+// A CLI11 validator made of one of the library's parsers: its message, after CLI11's "--flag: ".
+template <typename Parse>
+CLI::Validator parsed_by(Parse parse, const std::string& name) {
+  return CLI::Validator(
+      [parse](std::string& text) -> std::string {
+        try {
+          parse(text);
+          return {};
+        } catch (const c10::Error& e) {
+          return e.what_without_backtrace();
+        }
+      },
+      "", name);
 }
 
 }  // namespace ampp::cli

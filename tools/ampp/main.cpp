@@ -15,6 +15,13 @@ std::vector<Command>& commands() {
   return all;
 }
 
+std::vector<std::string>& original_args_storage() {
+  static std::vector<std::string> args;
+  return args;
+}
+
+const std::vector<std::string>& original_args() { return original_args_storage(); }
+
 std::string flag_names(const std::string& message, const std::map<std::string, std::string>& renamed) {
   static const std::regex field(R"(\b[A-Z][A-Za-z]*Options::([a-z0-9_]+))");
   std::string out;
@@ -35,6 +42,7 @@ std::string flag_names(const std::string& message, const std::map<std::string, s
 }  // namespace ampp::cli
 
 int main(int argc, char** argv) {
+  ampp::cli::original_args_storage().assign(argv + 1, argv + argc);
   CLI::App app{"ampp: automatic mixed precision and data-parallel training for LibTorch"};
   app.require_subcommand(1);
   auto& commands = ampp::cli::commands();

@@ -30,7 +30,7 @@ CommHook fp16_compress_hook(ProcessGroup group);
 // up to 4 ranks.
 CommHook bf16_compress_hook(ProcessGroup group);
 
-enum class BuiltinCommHook { ALLREDUCE, FP16_COMPRESS, BF16_COMPRESS };
+enum class BuiltinCommHook { kAllreduce, kFp16Compress, kBf16Compress };
 CommHook builtin_comm_hook(BuiltinCommHook type, ProcessGroup group);
 
 // Building blocks for user hooks.

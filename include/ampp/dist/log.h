@@ -10,26 +10,26 @@
 
 namespace ampp::dist {
 
-enum class LogLevel { Debug = 0, Info = 1, Warning = 2, Error = 3 };
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
 void set_log_rank(int rank);
 void set_log_all_ranks(bool all);
-void set_log_level(LogLevel min_level);  // default Info (AMPP_LOG_LEVEL=debug|info|warning|error)
+void set_log_level(LogLevel min_level);  // default kInfo (AMPP_LOG_LEVEL=debug|info|warning|error)
 bool log_enabled(LogLevel level);
 void log_line(LogLevel level, std::string_view message);
 
 template <typename... Args>
 void log_info(fmt::format_string<Args...> f, Args&&... args) {
-  if (log_enabled(LogLevel::Info)) log_line(LogLevel::Info, fmt::format(f, std::forward<Args>(args)...));
+  if (log_enabled(LogLevel::kInfo)) log_line(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 void log_warning(fmt::format_string<Args...> f, Args&&... args) {
-  if (log_enabled(LogLevel::Warning))
-    log_line(LogLevel::Warning, fmt::format(f, std::forward<Args>(args)...));
+  if (log_enabled(LogLevel::kWarning))
+    log_line(LogLevel::kWarning, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 void log_debug(fmt::format_string<Args...> f, Args&&... args) {
-  if (log_enabled(LogLevel::Debug)) log_line(LogLevel::Debug, fmt::format(f, std::forward<Args>(args)...));
+  if (log_enabled(LogLevel::kDebug)) log_line(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
 }
 
 }  // namespace ampp::dist

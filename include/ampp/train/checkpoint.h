@@ -15,6 +15,13 @@
 // fsync(folder). A process killed at any point leaves either the previous file or the new
 // one, both complete. Reading checks magic, version, length and both CRCs before LibTorch
 // parses anything, so a truncated or corrupted file is a clear error rather than a crash.
+//
+// A training checkpoint (save_training_checkpoint / TrainingCheckpoint) holds five archives: "model",
+// "optimizer", "amp" (loss scalers, apex's state_dict keys), "sampler" and "trainer" (RunPosition
+// and the global CPU RNG state).
+#include <ampp/amp/handle.h>
+#include <ampp/dist/sampler.h>
+
 #include <torch/torch.h>
 
 #include <string>
@@ -41,5 +48,48 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 // The global CPU generator's state (torch::manual_seed's stream), to save and restore.
 torch::Tensor get_rng_state();
 void set_rng_state(const torch::Tensor& state);
+
+// Running sums of an epoch's training loss and accuracy.
+struct EpochSums {
+  double loss_sum = 0;
+  double correct = 0;
+  double seen = 0;
+};
+
+// Where a run stands, stored next to the model, optimizer, amp and sampler states.
+struct RunPosition {
+  std::string fingerprint;  // the run's identity (model, data, precision, ...): another run is refused
+  int64_t epoch = 0;        // the epoch to continue
+  int64_t batch = 0;        // batches of that epoch already done
+  int64_t global_step = 0;
+  int64_t skipped_total = 0;
+  double elapsed = 0;       // seconds of training so far
+  EpochSums epoch_sums;     // the epoch's running sums as global totals (meaningful on rank 0)
+};
+
+// The live objects a training checkpoint is written from and read into.
+struct TrainingObjects {
+  torch::nn::Module& model;
+  torch::optim::Optimizer& optimizer;
+  Amp& amp;
+  dist::DistributedSampler& sampler;
+};
+
+// Writes the objects, the position and the global CPU RNG state atomically to `path`.
+void save_training_checkpoint(const std::string& path, const TrainingObjects& objects, const RunPosition& position);
+
+// A training checkpoint read and checked; restore() then loads it into the objects.
+class TrainingCheckpoint {
+ public:
+  explicit TrainingCheckpoint(const std::string& path);
+  const RunPosition& position() const { return position_; }
+  // Loads model, amp, optimizer and sampler states and the global CPU RNG state.
+  void restore(const TrainingObjects& objects);
+
+ private:
+  torch::serialize::InputArchive archive_;
+  RunPosition position_;
+  torch::Tensor rng_state_;
+};
 
 }  // namespace ampp::train

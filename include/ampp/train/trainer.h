@@ -3,18 +3,23 @@
 // mixed-precision run with checkpoints, metrics and exact resume.
 //
 // Per step (the seeds' loop, through ampp::initialize so every opt level shares one path):
-//   opt.zero_grad()  ->  loss = criterion(amp.forward(ddp, x), y)   (autocast / cast model)
-//   amp.scale_loss(loss).backward()   (DDP allreduces during backward; masters get unscaled grads;
-//                                      overflow -> the step is skipped and the scale backs off)
+//   amp.zero_grad()   (the same gradients as opt.zero_grad(), see amp/handle.h)
+//   loss = cross_entropy(amp.forward(ddp, x), y)   (autocast under O1, cast model under O2/O3)
+//   amp.scale_loss(loss).backward()   (DDP allreduces during backward; the gradients are unscaled into
+//                                      the FP32 masters; overflow -> the step is skipped, the scale backs off)
 //   clip_grad_norm_(amp.master_params(), c)   (true gradients: after unscale, as seed 003)
 //   amp.step()                        (steps FP32 masters under O2, copies back)
-// and StepLR once per epoch (seed 000).
+// and StepLR once per epoch (seed 000). Outputs: metrics.jsonl, summary.json, model.pt (FP32
+// weights) and PNG plots in `out`; checkpoint.ampp in `checkpoint_dir`.
+#include <ampp/amp/opt_level.h>
+#include <ampp/amp/properties.h>
 #include <ampp/train/metrics.h>
 
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ampp::train {
@@ -23,10 +28,11 @@ struct TrainOptions {
   TORCH_ARG(std::string, model) = "cnn";
   // "" = Fashion-MNIST from dataset-fashion-mnist, "synthetic[:N]", or an MNIST-format folder.
   TORCH_ARG(std::string, data) = "";
-  TORCH_ARG(std::string, opt_level) = "O1";
+  TORCH_ARG(OptLevel, opt_level) = OptLevel::O1;
+  // The low-precision dtype of O1-O3: kHalf (fp16, emulated on CPU) or kBFloat16.
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Half;
-  // "dynamic" or a positive number (static scale).
-  TORCH_ARG(std::string, loss_scale) = "dynamic";
+  // nullopt: the opt level's own (apex: static 1.0 at O0 and O3, dynamic at O1 and O2).
+  TORCH_ARG(std::optional<LossScale>, loss_scale) = std::nullopt;
   // Global batch; each of W workers takes batch_size / W (integer division, as seed 000).
   TORCH_ARG(int64_t, batch_size) = 128;
   TORCH_ARG(int64_t, epochs) = 3;
@@ -48,7 +54,7 @@ struct TrainOptions {
   TORCH_ARG(std::string, checkpoint_dir) = "";
   TORCH_ARG(int64_t, checkpoint_every) = 0;
   TORCH_ARG(bool, resume) = false;
-  // metrics.jsonl, summary.json, params.pt and the PNG plots go here.
+  // metrics.jsonl, summary.json, model.pt and the PNG plots go here.
   TORCH_ARG(std::string, out) = "ampp-train-out";
   // A step record every log_every steps (and for every skipped step).
   TORCH_ARG(int64_t, log_every) = 10;
@@ -57,7 +63,7 @@ struct TrainOptions {
   TORCH_ARG(bool, progress) = true;
 };
 
-// Throws c10::Error naming the bad option and the fix.
+// Throws c10::Error naming the bad option ("TrainOptions::lr must be ...") and the fix.
 void validate(const TrainOptions& options);
 
 // The checkpoint file inside checkpoint_dir.

@@ -118,9 +118,9 @@ CommHook bf16_compress_hook(ProcessGroup group) {
 
 CommHook builtin_comm_hook(BuiltinCommHook type, ProcessGroup group) {
   switch (type) {
-    case BuiltinCommHook::ALLREDUCE: return allreduce_hook(std::move(group));
-    case BuiltinCommHook::FP16_COMPRESS: return fp16_compress_hook(std::move(group));
-    case BuiltinCommHook::BF16_COMPRESS: return bf16_compress_hook(std::move(group));
+    case BuiltinCommHook::kAllreduce: return allreduce_hook(std::move(group));
+    case BuiltinCommHook::kFp16Compress: return fp16_compress_hook(std::move(group));
+    case BuiltinCommHook::kBf16Compress: return bf16_compress_hook(std::move(group));
   }
   TORCH_CHECK(false, "ampp::dist::builtin_comm_hook: unknown hook type.");
 }

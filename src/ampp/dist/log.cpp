@@ -20,12 +20,12 @@ bool env_all_ranks() {
 }
 LogLevel env_level() {
   const char* v = std::getenv("AMPP_LOG_LEVEL");
-  if (!v) return LogLevel::Info;
+  if (!v) return LogLevel::kInfo;
   const std::string s(v);
-  if (s == "debug") return LogLevel::Debug;
-  if (s == "warning") return LogLevel::Warning;
-  if (s == "error") return LogLevel::Error;
-  return LogLevel::Info;
+  if (s == "debug") return LogLevel::kDebug;
+  if (s == "warning") return LogLevel::kWarning;
+  if (s == "error") return LogLevel::kError;
+  return LogLevel::kInfo;
 }
 
 std::atomic<int> g_rank{env_rank()};
@@ -41,7 +41,7 @@ void set_log_level(LogLevel min_level) { g_level = static_cast<int>(min_level); 
 bool log_enabled(LogLevel level) {
   if (static_cast<int>(level) < g_level.load()) return false;
   // Warnings and errors matter on every rank; chatter only from rank 0 unless asked.
-  return level >= LogLevel::Warning || g_all.load() || g_rank.load() == 0;
+  return level >= LogLevel::kWarning || g_all.load() || g_rank.load() == 0;
 }
 
 void log_line(LogLevel level, std::string_view message) {

@@ -1,4 +1,4 @@
-#include "ampp/train/batches.h"
+#include <ampp/train/batches.h>
 
 namespace ampp::train {
 

@@ -1,4 +1,4 @@
-#include "ampp/train/checkpoint.h"
+#include <ampp/train/checkpoint.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
@@ -111,7 +111,7 @@ std::string read_checkpoint_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "cannot open checkpoint '", path, "' for reading");
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const char* fix = "; delete it to start afresh, or point --checkpoint-dir at an intact checkpoint";
+  const char* fix = "; delete it to start afresh, or point TrainOptions::checkpoint_dir at an intact checkpoint";
   TORCH_CHECK(file.size() >= sizeof(kCheckpointMagic) &&
                   std::memcmp(file.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) == 0,
               "'", path, "' is not an ampp checkpoint (bad magic)", file.size() < 8 ? " or is truncated" : "", fix);
@@ -160,6 +160,92 @@ void set_rng_state(const torch::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+namespace {
+
+void save_amp(Amp& amp, torch::serialize::OutputArchive& archive) {
+  for (const auto& [key, value] : amp.state_dict()) archive.write(key, value);
+}
+
+void load_amp(Amp& amp, torch::serialize::InputArchive& archive) {
+  AmpStateDict state;
+  for (const auto& key : archive.keys()) {
+    c10::IValue value;
+    archive.read(key, value);
+    state[key] = value;
+  }
+  amp.load_state_dict(state);
+}
+
+void write_position(const RunPosition& position, torch::serialize::OutputArchive& archive) {
+  const EpochSums& sums = position.epoch_sums;
+  archive.write("fingerprint", c10::IValue(position.fingerprint));
+  archive.write("epoch", c10::IValue(position.epoch));
+  archive.write("batch", c10::IValue(position.batch));
+  archive.write("global_step", c10::IValue(position.global_step));
+  archive.write("skipped_total", c10::IValue(position.skipped_total));
+  archive.write("elapsed", c10::IValue(position.elapsed));
+  archive.write("epoch_sums", c10::IValue(std::vector<double>{sums.loss_sum, sums.correct, sums.seen}));
+  archive.write("rng_cpu", get_rng_state(), /*is_buffer=*/true);
+}
+
+c10::IValue read_value(torch::serialize::InputArchive& archive, const std::string& key) {
+  c10::IValue value;
+  archive.read(key, value);
+  return value;
+}
+
+RunPosition read_position(torch::serialize::InputArchive& archive) {
+  RunPosition position;
+  position.fingerprint = read_value(archive, "fingerprint").toStringRef();
+  position.epoch = read_value(archive, "epoch").toInt();
+  position.batch = read_value(archive, "batch").toInt();
+  position.global_step = read_value(archive, "global_step").toInt();
+  position.skipped_total = read_value(archive, "skipped_total").toInt();
+  position.elapsed = read_value(archive, "elapsed").toDouble();
+  const auto sums = read_value(archive, "epoch_sums").toDoubleVector();
+  TORCH_CHECK(sums.size() == 3, "checkpoint: epoch_sums has ", sums.size(), " entries, expected 3");
+  position.epoch_sums = {sums[0], sums[1], sums[2]};
+  return position;
+}
+
+}  // namespace
+
+void save_training_checkpoint(const std::string& path, const TrainingObjects& objects, const RunPosition& position) {
+  torch::serialize::OutputArchive file, model, optimizer, amp, sampler, trainer;
+  objects.model.save(model);
+  objects.optimizer.save(optimizer);
+  save_amp(objects.amp, amp);
+  objects.sampler.save(sampler);
+  write_position(position, trainer);
+  file.write("model", model);
+  file.write("optimizer", optimizer);
+  file.write("amp", amp);
+  file.write("sampler", sampler);
+  file.write("trainer", trainer);
+  save_checkpoint(file, path);
+}
+
+TrainingCheckpoint::TrainingCheckpoint(const std::string& path) {
+  load_checkpoint(archive_, path);
+  torch::serialize::InputArchive trainer;
+  archive_.read("trainer", trainer);
+  position_ = read_position(trainer);
+  trainer.read("rng_cpu", rng_state_);
+}
+
+void TrainingCheckpoint::restore(const TrainingObjects& objects) {
+  torch::serialize::InputArchive model, amp, optimizer, sampler;
+  archive_.read("model", model);
+  objects.model.load(model);
+  archive_.read("amp", amp);
+  load_amp(objects.amp, amp);
+  archive_.read("optimizer", optimizer);
+  objects.optimizer.load(optimizer);
+  archive_.read("sampler", sampler);
+  objects.sampler.load(sampler);
+  set_rng_state(rng_state_);
 }
 
 }  // namespace ampp::train

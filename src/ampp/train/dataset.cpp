@@ -1,4 +1,5 @@
-#include "ampp/train/dataset.h"
+#include <ampp/train/dataset.h>
+#include <ampp/util/parse_number.h>
 
 #include <fmt/format.h>
 #include <zlib.h>
@@ -157,8 +158,8 @@ DatasetPair make_synthetic(const SyntheticOptions& o) {
 DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed) {
   if (spec.empty() || spec == "fashion-mnist") {
     TORCH_CHECK(fs::is_directory(kFashionMnistDir), "Fashion-MNIST not found in ", kFashionMnistDir,
-                ": install it with `sudo apt install dataset-fashion-mnist`, or pass --data DIR (an MNIST-format "
-                "folder) or --data synthetic");
+                ": install it with `sudo apt install dataset-fashion-mnist`, or set TrainOptions::data to an "
+                "MNIST-format folder or to synthetic");
     auto pair = load_mnist_folder(kFashionMnistDir);
     pair.description = "fashion-mnist " + pair.description;
     return pair;
@@ -167,17 +168,10 @@ DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed) {
     SyntheticOptions o;
     o.seed(synthetic_seed);
     if (spec.size() > 10) {
-      const std::string n = spec.substr(10);
-      int64_t size = 0;
-      try {
-        size_t used = 0;
-        size = std::stoll(n, &used);
-        TORCH_CHECK(used == n.size(), "");
-      } catch (...) {
-        size = -1;
-      }
-      TORCH_CHECK(size > 0, "--data '", spec, "': expected synthetic:N with N a positive number of training images");
-      o.train_size(size).test_size(std::max<int64_t>(size / 4, 1));
+      const auto size = parse_int(std::string_view(spec).substr(10));
+      TORCH_CHECK(size && *size > 0, "TrainOptions::data '", spec,
+                  "': expected synthetic:N with N a positive number of training images");
+      o.train_size(*size).test_size(std::max<int64_t>(*size / 4, 1));
     }
     return make_synthetic(o);
   }

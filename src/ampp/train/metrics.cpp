@@ -1,4 +1,4 @@
-#include "ampp/train/metrics.h"
+#include <ampp/train/metrics.h>
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -53,7 +53,7 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
   out_.open(path, append ? std::ios::app : std::ios::trunc);
-  TORCH_CHECK(out_, "cannot open '", path, "' for writing; check that --out points to a writable folder");
+  TORCH_CHECK(out_, "cannot open '", path, "' for writing; check that TrainOptions::out is a writable folder");
 }
 
 void MetricsWriter::write_line(const nlohmann::json& j) {

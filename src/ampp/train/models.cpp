@@ -1,4 +1,4 @@
-#include "ampp/train/models.h"
+#include <ampp/train/models.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

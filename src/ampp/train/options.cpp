@@ -1,0 +1,65 @@
+// TrainOptions: the one place its values are checked. Errors name the field as
+// "TrainOptions::<field>"; `ampp train` shows them as the flag that sets it.
+#include <ampp/train/models.h>
+#include <ampp/train/trainer.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+namespace ampp::train {
+namespace {
+
+bool is_positive(double v) { return v > 0 && std::isfinite(v); }
+
+void validate_model_and_precision(const TrainOptions& o) {
+  const auto& names = model_names();
+  TORCH_CHECK(std::find(names.begin(), names.end(), o.model()) != names.end(), "TrainOptions::model '", o.model(),
+              "' is unknown; choose one of: mlp, cnn, resnet");
+  TORCH_CHECK(o.dtype() == c10::kHalf || o.dtype() == c10::kBFloat16, "TrainOptions::dtype must be bf16 or fp16, got ",
+              c10::toString(o.dtype()));
+}
+
+void validate_optimization(const TrainOptions& o) {
+  TORCH_CHECK(o.batch_size() >= 1, "TrainOptions::batch_size must be at least 1, got ", o.batch_size());
+  TORCH_CHECK(o.epochs() >= 1, "TrainOptions::epochs must be at least 1, got ", o.epochs());
+  TORCH_CHECK(o.steps() >= 0, "TrainOptions::steps must be 0 (no limit) or positive, got ", o.steps());
+  TORCH_CHECK(is_positive(o.lr()), "TrainOptions::lr must be a positive number, got ", o.lr());
+  TORCH_CHECK(o.momentum() >= 0 && o.momentum() < 1, "TrainOptions::momentum must be in [0, 1), got ", o.momentum());
+  TORCH_CHECK(o.weight_decay() >= 0 && std::isfinite(o.weight_decay()), "TrainOptions::weight_decay must be >= 0, got ",
+              o.weight_decay());
+  TORCH_CHECK(o.lr_step() >= 0, "TrainOptions::lr_step must be 0 (constant lr) or a positive number of epochs, got ",
+              o.lr_step());
+  TORCH_CHECK(o.lr_gamma() > 0 && o.lr_gamma() <= 1, "TrainOptions::lr_gamma must be in (0, 1], got ", o.lr_gamma());
+  TORCH_CHECK(o.clip_grad_norm() >= 0 && std::isfinite(o.clip_grad_norm()),
+              "TrainOptions::clip_grad_norm must be 0 (off) or a positive max norm, got ", o.clip_grad_norm());
+}
+
+void validate_run_and_outputs(const TrainOptions& o) {
+  TORCH_CHECK(o.threads() >= 0 && o.threads() <= 1024,
+              "TrainOptions::threads must be 0 (automatic) or a positive count, got ", o.threads());
+  TORCH_CHECK(o.checkpoint_every() >= 0,
+              "TrainOptions::checkpoint_every must be 0 (every epoch only) or a positive number of steps");
+  TORCH_CHECK(!(o.checkpoint_every() > 0 && o.checkpoint_dir().empty()),
+              "TrainOptions::checkpoint_every needs TrainOptions::checkpoint_dir (where to write the checkpoints)");
+  TORCH_CHECK(!(o.resume() && o.checkpoint_dir().empty()),
+              "TrainOptions::resume needs TrainOptions::checkpoint_dir (where the checkpoint is)");
+  TORCH_CHECK(!o.out().empty(), "TrainOptions::out must name a folder");
+  TORCH_CHECK(o.log_every() >= 1, "TrainOptions::log_every must be at least 1");
+}
+
+}  // namespace
+
+void validate(const TrainOptions& options) {
+  validate_model_and_precision(options);
+  validate_optimization(options);
+  validate_run_and_outputs(options);
+}
+
+std::string checkpoint_path(const TrainOptions& options) {
+  return (std::filesystem::path(options.checkpoint_dir()) / "checkpoint.ampp").string();
+}
+
+}  // namespace ampp::train
