@@ -10,6 +10,7 @@
 #include <exception>
 #include <stdexcept>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,19 @@
   } while (0)
 
 namespace ampp_test {
+
+// The message of the error `fn` throws, or "<no error>": for several checks on one error, or to
+// check that a call does not throw. A single expectation reads better as AMPP_EXPECT_THROW_WITH.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
 
 // A fresh folder under $TMPDIR (mkdtemp), removed with everything in it at scope exit.
 class TempDir {

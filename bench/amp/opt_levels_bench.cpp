@@ -7,7 +7,7 @@
 //     copies into FP32 masters, master copy-back, input/output casts), from Properties::profile(true).
 //
 // Threads: one OpenMP thread and one OpenBLAS thread, so configurations compete for nothing.
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>

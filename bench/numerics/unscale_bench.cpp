@@ -13,7 +13,7 @@
 // denormals (which would slow every variant down).
 
 #include <ampp/numerics/unscale.h>
-#include <ampp/torch_version.h>
+#include <ampp/util/torch_version.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

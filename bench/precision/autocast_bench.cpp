@@ -3,8 +3,8 @@
 //   fp32                 no autocast (the baseline)
 //   libtorch_bf16        LibTorch's own CPU autocast (ampp's kernels uninstalled)
 //   ampp_bf16            ampp::autocast bf16 with the automatic Bf16Compute choice
-//   ampp_bf16_native     ... forced Bf16Compute::native (LibTorch's bf16 kernels)
-//   ampp_bf16_fp32gemm   ... forced Bf16Compute::fp32 (bf16 storage, fp32 GEMMs/convolutions)
+//   ampp_bf16_native     ... forced Bf16Compute::kNative (LibTorch's bf16 kernels)
+//   ampp_bf16_fp32gemm   ... forced Bf16Compute::kFp32 (bf16 storage, fp32 GEMMs/convolutions)
 //   ampp_fp16_emulated   ampp::autocast fp16 on CPU (fp16 rounding, fp32 compute)
 // Printed at the end: step time and peak tensor memory as ratios to fp32 measured in the same run
 // (best of the repetitions; the machine is shared, so only same-run ratios mean anything).
@@ -13,7 +13,7 @@
 
 #include "tracking_allocator.h"
 
-#include <ampp/autocast.h>
+#include <ampp/precision/autocast.h>
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/kernels.h>
 #include <ampp/train/allocator.h>
@@ -72,7 +72,7 @@ torch::Tensor forward_loss(ampp::train::ClassifierImpl& net, Mode mode, const to
     }
     case Mode::ampp_bf16_native:
     case Mode::ampp_bf16_fp32gemm: {
-      const auto compute = mode == Mode::ampp_bf16_native ? ampp::Bf16Compute::native : ampp::Bf16Compute::fp32;
+      const auto compute = mode == Mode::ampp_bf16_native ? ampp::Bf16Compute::kNative : ampp::Bf16Compute::kFp32;
       ampp::autocast region(torch::kCPU, torch::kBFloat16, true, ampp::AutocastOptions().bf16_compute(compute));
       return loss_of();
     }

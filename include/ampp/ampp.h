@@ -1,7 +1,43 @@
 #pragma once
 // ampp: automatic mixed precision and data-parallel training for LibTorch.
-// One include for the whole public API; each header also stands alone.
-#include <ampp/autocast.h>     // ampp::autocast, op policies, fp16-on-CPU, hardware-aware bf16
-#include <ampp/grad_scaler.h>  // ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis)
-#include <ampp/initialize.h>   // ampp::initialize, OptLevel O0-O3, Properties, FP32 master weights
-#include <ampp/dist/dist.h>    // ampp::dist: process groups, DDP, DistributedSampler, spawn, launcher
+// One include for the whole public API, layer by layer (docs/architecture.md); each header also
+// stands alone.
+
+// util: number parsing, core and thread counts, the LibTorch version macro
+#include <ampp/util/parse_number.h>
+#include <ampp/util/threads.h>
+#include <ampp/util/torch_version.h>
+
+// numerics: fused unscale + non-finite check, the loss-scale update rule
+#include <ampp/numerics/unscale.h>
+#include <ampp/numerics/update_scale.h>
+
+// precision: ampp::autocast, op policies, fp16 on CPU, hardware-aware bf16
+#include <ampp/precision/autocast.h>
+#include <ampp/precision/cpu_features.h>
+#include <ampp/precision/dtype.h>
+#include <ampp/precision/kernels.h>
+#include <ampp/precision/rounding.h>
+
+// scaling: ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis)
+#include <ampp/scaling/grad_scaler.h>
+
+// amp: ampp::initialize, OptLevel O0-O3, Properties, the Amp handle, FP32 master weights
+#include <ampp/amp/handle.h>
+#include <ampp/amp/initialize.h>
+#include <ampp/amp/opt_level.h>
+#include <ampp/amp/properties.h>
+
+// dist: process groups, DDP, comm hooks, DistributedSampler, spawn, the launcher
+#include <ampp/dist/dist.h>
+#include <ampp/dist/grad_bucket.h>
+#include <ampp/dist/reducer.h>
+
+// train: the `ampp train` library (options, loop, data, models, checkpoints, metrics)
+#include <ampp/train/allocator.h>
+#include <ampp/train/batches.h>
+#include <ampp/train/checkpoint.h>
+#include <ampp/train/dataset.h>
+#include <ampp/train/metrics.h>
+#include <ampp/train/models.h>
+#include <ampp/train/trainer.h>

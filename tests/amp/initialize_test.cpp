@@ -1,10 +1,10 @@
 // initialize(): model casting with BatchNorm kept FP32, masters in the optimizer, and bad input.
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
 
 #include "amp/reference_nets.h"
-#include "amp/test_util.h"
+#include "ampp_test.h"
 
-#include <ampp/amp/torch_compat.h>
+#include <ampp/util/optimizer_compat.h>
 #include <torch/torch.h>
 
 using ampp::OptLevel;
@@ -73,7 +73,7 @@ TEST(Initialize, O2RepointsOptimizerAtFp32MastersAndMovesState) {
   for (auto& p : net->parameters()) p.mutable_grad() = torch::ones_like(p);
   opt.step();
   const auto conv_w_fp32 = net->conv1->weight.detach().clone();
-  const auto old_key = ampp::amp::compat::optimizer_state_key(net->conv1->weight);
+  const auto old_key = ampp::optimizer_state_key(net->conv1->weight);
   ASSERT_TRUE(opt.state().count(old_key));
 
   auto amp = ampp::initialize(net, opt, quiet(OptLevel::O2));
@@ -91,7 +91,7 @@ TEST(Initialize, O2RepointsOptimizerAtFp32MastersAndMovesState) {
   // apex: masters start from the low-precision model values.
   EXPECT_TRUE(torch::equal(params[0], conv_w_fp32.to(torch::kBFloat16).to(torch::kFloat)));
   EXPECT_FALSE(opt.state().count(old_key));
-  const auto new_key = ampp::amp::compat::optimizer_state_key(params[0]);
+  const auto new_key = ampp::optimizer_state_key(params[0]);
   ASSERT_TRUE(opt.state().count(new_key));
   auto& state = dynamic_cast<torch::optim::SGDParamState&>(*opt.state().at(new_key));
   EXPECT_EQ(state.momentum_buffer().scalar_type(), torch::kFloat);
@@ -106,7 +106,7 @@ TEST(Initialize, O3CastsOptimizerStateToTheModelDtype) {
   ampp::initialize(lin.ptr(), opt, quiet(OptLevel::O3));
   EXPECT_EQ(opt.param_groups()[0].params()[0].scalar_type(), torch::kBFloat16);
   auto& state = static_cast<torch::optim::AdamParamState&>(
-      *opt.state().at(ampp::amp::compat::optimizer_state_key(lin->weight)));
+      *opt.state().at(ampp::optimizer_state_key(lin->weight)));
   EXPECT_EQ(state.exp_avg().scalar_type(), torch::kBFloat16);
   EXPECT_EQ(state.exp_avg_sq().scalar_type(), torch::kBFloat16);
 }

@@ -1,9 +1,9 @@
 // apex's loss scaling on top of ampp::GradScaler: skip on overflow, dynamic/static scale, several
 // losses with their own scales, delayed unscaling for gradient accumulation.
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
 
 #include "amp/reference_nets.h"
-#include "amp/test_util.h"
+#include "ampp_test.h"
 
 #include <torch/torch.h>
 
@@ -23,19 +23,6 @@ torch::Tensor cnn_loss(ampp::Amp& amp, RefCnn& net, double factor = 1.0, int64_t
   return torch::nn::functional::cross_entropy(out, data().labels.narrow(0, start, 16)) * factor;
 }
 
-std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& ts) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.detach().clone());
-  return out;
-}
-
-bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -45,14 +32,14 @@ TEST(LossScaling, OverflowSkipsTheStepAndHalvesTheScale) {
   auto amp = ampp::initialize(net, opt, Properties("O2").verbosity(0));
   EXPECT_EQ(amp.loss_scale(), 65536.0);  // apex LossScaler: 2^16
 
-  const auto model_before = snapshot(net->parameters());
-  const auto masters_before = snapshot(amp.master_params(opt));
+  const auto model_before = ampp_test::snapshot(net->parameters());
+  const auto masters_before = ampp_test::snapshot(amp.master_params(opt));
   amp.scale_loss(cnn_loss(amp, net, /*factor=*/1e36)).backward();  // 1e36 * 2^16 overflows float32
   EXPECT_FALSE(amp.step());
   EXPECT_EQ(amp.skipped_steps(), 1);
   EXPECT_EQ(amp.loss_scale(), 32768.0);
-  EXPECT_TRUE(all_equal(snapshot(net->parameters()), model_before));
-  EXPECT_TRUE(all_equal(snapshot(amp.master_params(opt)), masters_before));
+  EXPECT_TRUE(ampp_test::same_bits(ampp_test::snapshot(net->parameters()), model_before));
+  EXPECT_TRUE(ampp_test::same_bits(ampp_test::snapshot(amp.master_params(opt)), masters_before));
   EXPECT_TRUE(opt.state().empty());  // no momentum was created from inf gradients
   for (const auto& m : amp.master_params(opt)) EXPECT_FALSE(m.grad().defined());
 
@@ -61,7 +48,7 @@ TEST(LossScaling, OverflowSkipsTheStepAndHalvesTheScale) {
   EXPECT_TRUE(amp.step());
   EXPECT_EQ(amp.skipped_steps(), 1);
   EXPECT_EQ(amp.loss_scale(), 32768.0);
-  EXPECT_FALSE(all_equal(snapshot(net->parameters()), model_before));
+  EXPECT_FALSE(ampp_test::same_bits(ampp_test::snapshot(net->parameters()), model_before));
 }
 
 TEST(LossScaling, StaticScaleStaysPut) {
@@ -77,12 +64,12 @@ TEST(LossScaling, StaticScaleStaysPut) {
     EXPECT_TRUE(amp.step());
   }
   // An overflow is still skipped (ampp never applies an inf update), but the static scale stays.
-  const auto before = snapshot(net->parameters());
+  const auto before = ampp_test::snapshot(net->parameters());
   amp.zero_grad();
   amp.scale_loss(cnn_loss(amp, net, 1e38)).backward();
   EXPECT_FALSE(amp.step());
   EXPECT_EQ(amp.loss_scale(), 128.0);
-  EXPECT_TRUE(all_equal(snapshot(net->parameters()), before));
+  EXPECT_TRUE(ampp_test::same_bits(ampp_test::snapshot(net->parameters()), before));
 }
 
 // apex: x2 after 2000 consecutive clean backwards, capped at max_loss_scale; floor at min_loss_scale.
@@ -210,7 +197,7 @@ TEST(LossScaling, ZeroGradGivesUnreachedParamsZeroGradsLikeLibTorch) {
   amp.zero_grad();
   amp.scale_loss((used(x) + unused(x)).sum()).backward();
   ASSERT_TRUE(amp.step());
-  const auto unused_before = snapshot(unused->parameters());
+  const auto unused_before = ampp_test::snapshot(unused->parameters());
   // Step 2 reaches only `used`.
   amp.zero_grad();
   EXPECT_FALSE(unused->weight.grad().defined());  // deferred, not written
@@ -220,14 +207,14 @@ TEST(LossScaling, ZeroGradGivesUnreachedParamsZeroGradsLikeLibTorch) {
   // The reached param's grad is exactly the backward's (sum over 2 rows of ones: 2 per weight).
   EXPECT_TRUE(torch::equal(used->weight.grad(), torch::full_like(used->weight, 2.0)));
   ASSERT_TRUE(amp.step());
-  const auto after = snapshot(unused->parameters());
+  const auto after = ampp_test::snapshot(unused->parameters());
   for (size_t i = 0; i < after.size(); ++i) {
     EXPECT_TRUE(torch::allclose(after[i], unused_before[i] * (1 - lr * wd), 0, 1e-7)) << i;
     EXPECT_FALSE(torch::equal(after[i], unused_before[i])) << i;
   }
   // zero_grad() then step() without a backward: zeros again, weight decay only.
   amp.zero_grad();
-  const auto before_bare = snapshot(used->parameters());
+  const auto before_bare = ampp_test::snapshot(used->parameters());
   ASSERT_TRUE(amp.step());
   EXPECT_TRUE(torch::allclose(used->weight, before_bare[0] * (1 - lr * wd), 0, 1e-7));
 }

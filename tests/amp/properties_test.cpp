@@ -1,5 +1,7 @@
 // apex's property table, override rules and opt-level parsing.
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
+
+#include "ampp_test.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,13 +11,6 @@ using ampp::OptLevel;
 using ampp::Properties;
 using ::testing::HasSubstr;
 
-#define EXPECT_THROW_WITH(stmt, text)                                  \
-  try {                                                                \
-    stmt;                                                              \
-    ADD_FAILURE() << "expected an exception containing: " << (text);   \
-  } catch (const c10::Error& e) {                                      \
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr(text));          \
-  }
 
 TEST(OptLevel, ParsesTheFourLevels) {
   EXPECT_EQ(ampp::parse_opt_level("O0"), OptLevel::O0);
@@ -26,12 +21,12 @@ TEST(OptLevel, ParsesTheFourLevels) {
 }
 
 TEST(OptLevel, RejectsUnknownSpellingsWithTheValidOnes) {
-  EXPECT_THROW_WITH(ampp::parse_opt_level("o2"), "Options are 'O0', 'O1', 'O2', 'O3'");
-  EXPECT_THROW_WITH(ampp::parse_opt_level("o2"), "capital O");
-  EXPECT_THROW_WITH(ampp::parse_opt_level("O4"), "Unexpected optimization level 'O4'");
-  EXPECT_THROW_WITH(ampp::parse_opt_level("02"), "letter O, not the digit zero");
-  EXPECT_THROW_WITH(ampp::parse_opt_level(""), "Options are");
-  EXPECT_THROW_WITH(Properties("O5"), "Unexpected optimization level 'O5'");
+  AMPP_EXPECT_THROW_WITH(ampp::parse_opt_level("o2"), "Options are 'O0', 'O1', 'O2', 'O3'");
+  AMPP_EXPECT_THROW_WITH(ampp::parse_opt_level("o2"), "capital O");
+  AMPP_EXPECT_THROW_WITH(ampp::parse_opt_level("O4"), "Unexpected optimization level 'O4'");
+  AMPP_EXPECT_THROW_WITH(ampp::parse_opt_level("02"), "letter O, not the digit zero");
+  AMPP_EXPECT_THROW_WITH(ampp::parse_opt_level(""), "Options are");
+  AMPP_EXPECT_THROW_WITH(Properties("O5"), "Unexpected optimization level 'O5'");
 }
 
 // The table of apex's frontend.py, with "low" = the low-precision dtype (bf16 on CPU by default).
@@ -82,8 +77,8 @@ TEST(Properties, LowPrecisionDtypeFollowsDeviceAndOverrides) {
   EXPECT_EQ(p.resolved_dtype(), torch::kHalf);
   EXPECT_EQ(Properties("O2").cast_model_type(torch::kFloat).cast_model_type(), c10::make_optional(torch::kFloat));
   EXPECT_FALSE(Properties("O2").cast_model_type(c10::nullopt).cast_model_type().has_value());
-  EXPECT_THROW_WITH(Properties("O1").dtype(torch::kFloat), "must be torch::kBFloat16 or torch::kHalf");
-  EXPECT_THROW_WITH(Properties("O2").cast_model_type(torch::kDouble), "cast_model_type must be torch::kFloat");
+  AMPP_EXPECT_THROW_WITH(Properties("O1").dtype(torch::kFloat), "must be torch::kBFloat16 or torch::kHalf");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").cast_model_type(torch::kDouble), "cast_model_type must be torch::kFloat");
 }
 
 TEST(Properties, AllowedOverrides) {
@@ -101,29 +96,29 @@ TEST(Properties, AllowedOverrides) {
 }
 
 TEST(Properties, ApexForbiddenOverridesThrowWithTheFix) {
-  EXPECT_THROW_WITH(Properties("O1").cast_model_type(torch::kHalf), "use OptLevel::O2 or O3");
-  EXPECT_THROW_WITH(Properties("O1").keep_batchnorm_fp32(true), "leave keep_batchnorm_fp32 unset with O1");
-  EXPECT_THROW_WITH(Properties("O1").keep_batchnorm_fp32(false), "leave keep_batchnorm_fp32 unset with O1");
-  EXPECT_THROW_WITH(Properties("O1").master_weights(true), "Leave master_weights unset with O1");
-  EXPECT_THROW_WITH(Properties("O1").master_weights(false), "Leave master_weights unset with O1");
+  AMPP_EXPECT_THROW_WITH(Properties("O1").cast_model_type(torch::kHalf), "use OptLevel::O2 or O3");
+  AMPP_EXPECT_THROW_WITH(Properties("O1").keep_batchnorm_fp32(true), "leave keep_batchnorm_fp32 unset with O1");
+  AMPP_EXPECT_THROW_WITH(Properties("O1").keep_batchnorm_fp32(false), "leave keep_batchnorm_fp32 unset with O1");
+  AMPP_EXPECT_THROW_WITH(Properties("O1").master_weights(true), "Leave master_weights unset with O1");
+  AMPP_EXPECT_THROW_WITH(Properties("O1").master_weights(false), "Leave master_weights unset with O1");
   for (const char* level : {"O0", "O2", "O3"}) {
-    EXPECT_THROW_WITH(Properties(level).patch_torch_functions(true), "only be had by selecting OptLevel::O1");
+    AMPP_EXPECT_THROW_WITH(Properties(level).patch_torch_functions(true), "only be had by selecting OptLevel::O1");
   }
-  EXPECT_THROW_WITH(Properties("O2").keep_batchnorm_fp32("yes"), "the string \"True\" or \"False\"");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").keep_batchnorm_fp32("yes"), "the string \"True\" or \"False\"");
 }
 
 TEST(Properties, InvalidValuesThrow) {
-  EXPECT_THROW_WITH(LossScale("abc"), "\"dynamic\" or a number");
-  EXPECT_THROW_WITH(LossScale("128x"), "\"dynamic\" or a number");
-  EXPECT_THROW_WITH(LossScale(-1.0), "finite number > 0");
-  EXPECT_THROW_WITH(LossScale(0.0), "finite number > 0");
-  EXPECT_THROW_WITH(LossScale(std::numeric_limits<double>::infinity()), "finite number > 0");
-  EXPECT_THROW_WITH(LossScale(1.0).is_dynamic() ? 0.0 : LossScale().value(), "dynamic");
-  EXPECT_THROW_WITH(Properties("O2").num_losses(0), "num_losses must be >= 1");
-  EXPECT_THROW_WITH(Properties("O2").min_loss_scale(0.0), "min_loss_scale must be");
-  EXPECT_THROW_WITH(Properties("O2").max_loss_scale(1024).min_loss_scale(2048.0), "must not exceed max_loss_scale");
-  EXPECT_THROW_WITH(Properties("O2").min_loss_scale(2048.0).max_loss_scale(1024), "must not be below min_loss_scale");
-  EXPECT_THROW_WITH(Properties("O2").verbosity(-1), "verbosity");
+  AMPP_EXPECT_THROW_WITH(LossScale("abc"), "\"dynamic\" or a number");
+  AMPP_EXPECT_THROW_WITH(LossScale("128x"), "\"dynamic\" or a number");
+  AMPP_EXPECT_THROW_WITH(LossScale(-1.0), "finite number > 0");
+  AMPP_EXPECT_THROW_WITH(LossScale(0.0), "finite number > 0");
+  AMPP_EXPECT_THROW_WITH(LossScale(std::numeric_limits<double>::infinity()), "finite number > 0");
+  AMPP_EXPECT_THROW_WITH(LossScale(1.0).is_dynamic() ? 0.0 : LossScale().value(), "dynamic");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").num_losses(0), "num_losses must be >= 1");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").min_loss_scale(0.0), "min_loss_scale must be");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").max_loss_scale(1024).min_loss_scale(2048.0), "must not exceed max_loss_scale");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").min_loss_scale(2048.0).max_loss_scale(1024), "must not be below min_loss_scale");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").verbosity(-1), "verbosity");
 }
 
 TEST(Properties, PrintsEveryProperty) {

@@ -1,8 +1,8 @@
 // The seeds' numerics: why FP32 master weights. A small update to a weight of 1.0 vanishes when the
 // weight itself is stored in bf16/fp16 (O3) and survives in the FP32 master (O2).
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
 
-#include "amp/test_util.h"
+#include "ampp_test.h"
 
 #include <torch/torch.h>
 

@@ -1,10 +1,10 @@
 // O0..O3 train the reference CNN with BatchNorm on seeded synthetic data (the seed 001/004 loop).
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
 
 #include "amp/reference_nets.h"
-#include "amp/test_util.h"
+#include "ampp_test.h"
 
-#include <ampp/amp/torch_compat.h>
+#include <ampp/util/optimizer_compat.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -130,7 +130,7 @@ TEST(TrainOptimizers, O2OptimizerStateLivesWithTheMasters) {
   ASSERT_TRUE(amp.step());
   ASSERT_EQ(opt.state().size(), net->parameters().size());
   for (const auto& m : amp.master_params(opt)) {
-    auto& s = static_cast<torch::optim::AdamParamState&>(*opt.state().at(ampp::amp::compat::optimizer_state_key(m)));
+    auto& s = static_cast<torch::optim::AdamParamState&>(*opt.state().at(ampp::optimizer_state_key(m)));
     EXPECT_EQ(s.exp_avg().scalar_type(), torch::kFloat);
     EXPECT_EQ(s.step(), 1);
   }

@@ -9,10 +9,10 @@
 
 #include <torch/torch.h>
 
-#include <ampp/amp/torch_compat.h>
+#include <ampp/util/optimizer_compat.h>
 #include <ampp/dist/ddp.h>
 #if AMPP_DIST_TEST_SCALER
-#include <ampp/grad_scaler.h>
+#include <ampp/scaling/grad_scaler.h>
 #endif
 
 #include "dist/multiprocess.h"
@@ -505,7 +505,7 @@ TEST(DDP, GradientAsBucketViewGradsLiveInTheBucketsAndSurviveZeroGrad) {
     const auto slots = grad_pointers();
     opt.step();
     // LibTorch's zero_grad() detaches grads in place: it would throw on autograd views.
-    ASSERT_NO_THROW(ampp::amp::compat::zero_grad_in_place(opt));
+    ASSERT_NO_THROW(ampp::zero_grad_in_place(opt));
     EXPECT_EQ(flat_grads(params).abs().max().item<float>(), 0.0f);
     backward(1);
     EXPECT_LE(rel_err(flat_grads(params), reference_grads(1, 1)), 1e-6);

@@ -2,7 +2,7 @@
 // against ATen's own CPU kernel.
 
 #include <ampp/numerics/update_scale.h>
-#include <ampp/torch_version.h>
+#include <ampp/util/torch_version.h>
 
 #include "ampp/numerics/torch_compat.h"
 

@@ -5,8 +5,8 @@
 
 #include "oracle/oracle.h"
 
-#include <ampp/autocast.h>
-#include <ampp/torch_version.h>
+#include <ampp/precision/autocast.h>
+#include <ampp/util/torch_version.h>
 
 #include <gtest/gtest.h>
 #include <torch/fft.h>
@@ -185,7 +185,7 @@ Outcome run_ampp(const Case& c, c10::ScalarType region) {
   }
   try {
     // Native bf16 compute: what PyTorch's CPU autocast does (ignored under fp16).
-    ampp::autocast guard(torch::kCPU, region, true, ampp::AutocastOptions().bf16_compute(ampp::Bf16Compute::native));
+    ampp::autocast guard(torch::kCPU, region, true, ampp::AutocastOptions().bf16_compute(ampp::Bf16Compute::kNative));
     return {true, c.op->fn(inputs), ""};
   } catch (const c10::Error& e) {
     return {false, {}, e.what_without_backtrace()};

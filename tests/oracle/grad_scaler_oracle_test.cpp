@@ -4,7 +4,7 @@
 
 #include "oracle/oracle.h"
 
-#include <ampp/grad_scaler.h>
+#include <ampp/scaling/grad_scaler.h>
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 
 #include "precision/test_util.h"
 
-#include <ampp/autocast.h>
+#include <ampp/precision/autocast.h>
 
 #include <stdexcept>
 
@@ -95,7 +95,7 @@ TEST_F(AutocastGuard, ConstructorErrorLeavesStateUntouched) {
 
 // Casts of fp32 leaves (weights) are cached within a region: the same autograd node feeds every use.
 // fp16 emulation caches its rounded weights, native bf16 uses LibTorch's cache (observed through
-// addbmm here; Bf16Compute::fp32 keeps no cast copies of weights at all).
+// addbmm here; Bf16Compute::kFp32 keeps no cast copies of weights at all).
 TEST_F(AutocastGuard, WeightCastCachedWithinRegionAndClearedAtOutermostExit) {
   auto w = torch::randn({2, 4, 3}, torch::requires_grad());
   auto x = torch::randn({2, 3, 4});

@@ -1,9 +1,9 @@
-// Hardware-aware bf16: detection, the automatic choice, and Bf16Compute::fp32 (bf16 storage, fp32
+// Hardware-aware bf16: detection, the automatic choice, and Bf16Compute::kFp32 (bf16 storage, fp32
 // GEMMs/convolutions) against hand-built fp32 references.
 
 #include "precision/test_util.h"
 
-#include <ampp/autocast.h>
+#include <ampp/precision/autocast.h>
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/rounding.h>
 
@@ -38,25 +38,25 @@ TEST_F(Bf16Compute, DetectionMatchesProcCpuinfo) {
 
 TEST_F(Bf16Compute, AutomaticFollowsTheHardwareAndCanBeOverridden) {
   if (std::getenv("AMPP_BF16_COMPUTE")) GTEST_SKIP() << "AMPP_BF16_COMPUTE overrides the hardware choice";
-  const auto expected = ampp::precision::cpu_bf16_support().any() ? ampp::Bf16Compute::native : ampp::Bf16Compute::fp32;
+  const auto expected = ampp::precision::cpu_bf16_support().any() ? ampp::Bf16Compute::kNative : ampp::Bf16Compute::kFp32;
   EXPECT_EQ(ampp::default_bf16_compute(), expected);
   {
     ampp::autocast guard(torch::kCPU, torch::kBFloat16);
     EXPECT_EQ(ampp::current_bf16_compute(), expected);
   }
-  ampp::set_default_bf16_compute(ampp::Bf16Compute::fp32);
+  ampp::set_default_bf16_compute(ampp::Bf16Compute::kFp32);
   {
     ampp::autocast guard(torch::kCPU, torch::kBFloat16);
-    EXPECT_EQ(ampp::current_bf16_compute(), ampp::Bf16Compute::fp32);
+    EXPECT_EQ(ampp::current_bf16_compute(), ampp::Bf16Compute::kFp32);
     ampp::autocast inner(torch::kCPU, torch::kBFloat16, true,
-                         ampp::AutocastOptions().bf16_compute(ampp::Bf16Compute::native));
-    EXPECT_EQ(ampp::current_bf16_compute(), ampp::Bf16Compute::native);
+                         ampp::AutocastOptions().bf16_compute(ampp::Bf16Compute::kNative));
+    EXPECT_EQ(ampp::current_bf16_compute(), ampp::Bf16Compute::kNative);
   }
-  ampp::set_default_bf16_compute(ampp::Bf16Compute::automatic);
+  ampp::set_default_bf16_compute(ampp::Bf16Compute::kAutomatic);
   EXPECT_EQ(ampp::default_bf16_compute(), expected);
 }
 
-ampp::AutocastOptions fp32_compute() { return ampp::AutocastOptions().bf16_compute(ampp::Bf16Compute::fp32); }
+ampp::AutocastOptions fp32_compute() { return ampp::AutocastOptions().bf16_compute(ampp::Bf16Compute::kFp32); }
 
 TEST_F(Bf16Compute, Fp32ComputeStoresBf16Activations) {
   ampp::autocast guard(torch::kCPU, torch::kBFloat16, true, fp32_compute());
@@ -119,10 +119,10 @@ TEST_F(Bf16Compute, ConvolutionMatchesFp32Reference) {
   EXPECT_TRUE(torch::equal(x.grad(), x32.grad().to(torch::kBFloat16)));
 }
 
-// Under Bf16Compute::fp32 autograd keeps the operands as stored (bf16 activations, fp32 weights),
+// Under Bf16Compute::kFp32 autograd keeps the operands as stored (bf16 activations, fp32 weights),
 // no fp32 copies of the activations.
 TEST_F(Bf16Compute, BackwardKeepsOnlyStoredOperands) {
-  for (auto mode : {ampp::Bf16Compute::fp32}) {
+  for (auto mode : {ampp::Bf16Compute::kFp32}) {
   auto x = torch::randn({4, 8}).to(torch::kBFloat16).requires_grad_();
   auto w = torch::randn({8, 8}, torch::requires_grad());
   torch::Tensor y;
@@ -160,7 +160,7 @@ TEST_F(Bf16Compute, TrainsAnMlpLikeFp32) {
       torch::Tensor loss;
       {
         ampp::autocast guard(torch::kCPU, torch::kBFloat16, mode.has_value(),
-                             ampp::AutocastOptions().bf16_compute(mode.value_or(ampp::Bf16Compute::native)));
+                             ampp::AutocastOptions().bf16_compute(mode.value_or(ampp::Bf16Compute::kNative)));
         loss = torch::cross_entropy_loss(net->forward(x), y);
       }
       loss.backward();
@@ -170,8 +170,8 @@ TEST_F(Bf16Compute, TrainsAnMlpLikeFp32) {
     return loss_value;
   };
   const float fp32 = train(c10::nullopt);
-  const float bf16_fp32_compute = train(ampp::Bf16Compute::fp32);
-  const float bf16_native = train(ampp::Bf16Compute::native);
+  const float bf16_fp32_compute = train(ampp::Bf16Compute::kFp32);
+  const float bf16_native = train(ampp::Bf16Compute::kNative);
   EXPECT_LT(fp32, 0.9f);  // it learns (chance level is ln 3 = 1.10)
   EXPECT_NEAR(bf16_fp32_compute, fp32, 0.05f * fp32);
   EXPECT_NEAR(bf16_native, fp32, 0.1f * fp32);

@@ -2,8 +2,8 @@
 
 #include "precision/test_util.h"
 
-#include <ampp/autocast.h>
-#include <ampp/grad_scaler.h>
+#include <ampp/precision/autocast.h>
+#include <ampp/scaling/grad_scaler.h>
 #include <ampp/precision/rounding.h>
 
 #include <cmath>

@@ -3,9 +3,9 @@
 
 #include "precision/test_util.h"
 #include "ampp/precision/detail.h"
-#include <ampp/torch_version.h>
+#include <ampp/util/torch_version.h>
 
-#include <ampp/autocast.h>
+#include <ampp/precision/autocast.h>
 #include <ampp/precision/kernels.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -24,19 +24,19 @@ torch::Tensor bf(torch::IntArrayRef sizes) { return torch::randn(sizes).to(kBF16
 
 #if !AMPP_TORCH_AT_LEAST(2, 0)
 TEST_F(OpPolicy, DefaultListsArePyTorch113Cpu) {
-  EXPECT_EQ(ampp::ops_with_policy(CastPolicy::lower_precision).size(), 15u);
-  EXPECT_EQ(ampp::ops_with_policy(CastPolicy::promote).size(), 4u);
+  EXPECT_EQ(ampp::ops_with_policy(CastPolicy::kLowerPrecision).size(), 15u);
+  EXPECT_EQ(ampp::ops_with_policy(CastPolicy::kPromote).size(), 4u);
   // 126 AutocastCPU registrations in PyTorch 1.13.1: 15 lower + 4 promote + 107 fp32 (incl. BCE).
-  EXPECT_EQ(ampp::ops_with_policy(CastPolicy::fp32).size() + ampp::ops_with_policy(CastPolicy::banned).size(),
+  EXPECT_EQ(ampp::ops_with_policy(CastPolicy::kFp32).size() + ampp::ops_with_policy(CastPolicy::kBanned).size(),
             107u);
-  EXPECT_EQ(ampp::policy_of("addmm"), CastPolicy::lower_precision);
-  EXPECT_EQ(ampp::policy_of("aten::conv2d.padding"), CastPolicy::lower_precision);
-  EXPECT_EQ(ampp::policy_of("softmax"), CastPolicy::none);  // not on PyTorch 1.13's CPU lists
-  EXPECT_EQ(ampp::policy_of("softmax.int", torch::kCUDA), CastPolicy::fp32_set_opt_dtype);
-  EXPECT_EQ(ampp::policy_of("mse_loss"), CastPolicy::fp32);
-  EXPECT_EQ(ampp::policy_of("cat"), CastPolicy::promote);
-  EXPECT_EQ(ampp::policy_of("binary_cross_entropy"), CastPolicy::banned);
-  EXPECT_EQ(ampp::policy_of("norm.Scalar", torch::kCUDA), CastPolicy::fp32_append_dtype);
+  EXPECT_EQ(ampp::policy_of("addmm"), CastPolicy::kLowerPrecision);
+  EXPECT_EQ(ampp::policy_of("aten::conv2d.padding"), CastPolicy::kLowerPrecision);
+  EXPECT_EQ(ampp::policy_of("softmax"), CastPolicy::kNone);  // not on PyTorch 1.13's CPU lists
+  EXPECT_EQ(ampp::policy_of("softmax.int", torch::kCUDA), CastPolicy::kFp32SetOptDtype);
+  EXPECT_EQ(ampp::policy_of("mse_loss"), CastPolicy::kFp32);
+  EXPECT_EQ(ampp::policy_of("cat"), CastPolicy::kPromote);
+  EXPECT_EQ(ampp::policy_of("binary_cross_entropy"), CastPolicy::kBanned);
+  EXPECT_EQ(ampp::policy_of("norm.Scalar", torch::kCUDA), CastPolicy::kFp32AppendDtype);
   EXPECT_STREQ(ampp::to_string(ampp::policy_of("prod")), "fp32");
   EXPECT_THROW(ampp::policy_of("mm", c10::DeviceType::MPS), c10::Error);
 }
@@ -44,8 +44,8 @@ TEST_F(OpPolicy, DefaultListsArePyTorch113Cpu) {
 
 TEST_F(OpPolicy, EveryListedOpIsARegisteredAtenOp) {
   for (auto device : {torch::kCPU, torch::kCUDA}) {
-    for (auto policy : {CastPolicy::lower_precision, CastPolicy::fp32, CastPolicy::fp32_set_opt_dtype,
-                        CastPolicy::fp32_append_dtype, CastPolicy::promote, CastPolicy::banned}) {
+    for (auto policy : {CastPolicy::kLowerPrecision, CastPolicy::kFp32, CastPolicy::kFp32SetOptDtype,
+                        CastPolicy::kFp32AppendDtype, CastPolicy::kPromote, CastPolicy::kBanned}) {
       for (const auto& key : ampp::ops_with_policy(policy, device)) {
         const auto dot = key.find('.');
         const std::string overload = dot == std::string::npos ? "" : key.substr(dot + 1);
@@ -61,22 +61,22 @@ TEST_F(OpPolicy, EveryListedOpIsARegisteredAtenOp) {
 TEST_F(OpPolicy, DefaultCpuTableCoversExactlyLibTorchsCpuList) {
   ampp::reset_op_policies(torch::kCPU);
   std::set<std::string> ampp_ops;
-  for (auto policy : {CastPolicy::lower_precision, CastPolicy::fp32, CastPolicy::promote, CastPolicy::banned})
+  for (auto policy : {CastPolicy::kLowerPrecision, CastPolicy::kFp32, CastPolicy::kPromote, CastPolicy::kBanned})
     for (const auto& key : ampp::ops_with_policy(policy, torch::kCPU)) ampp_ops.insert(key);
   const auto& libtorch = ampp::precision::detail::libtorch_cpu_autocast_ops();
   EXPECT_GT(libtorch.size(), 100u);
   EXPECT_EQ(ampp_ops, libtorch);
 #if AMPP_TORCH_AT_LEAST(2, 0)
-  EXPECT_EQ(ampp::policy_of("conv_transpose2d.input"), CastPolicy::lower_precision);
-  EXPECT_EQ(ampp::policy_of("scaled_dot_product_attention"), CastPolicy::lower_precision);
+  EXPECT_EQ(ampp::policy_of("conv_transpose2d.input"), CastPolicy::kLowerPrecision);
+  EXPECT_EQ(ampp::policy_of("scaled_dot_product_attention"), CastPolicy::kLowerPrecision);
 #else
-  EXPECT_EQ(ampp::policy_of("conv_transpose2d.input"), CastPolicy::fp32);
+  EXPECT_EQ(ampp::policy_of("conv_transpose2d.input"), CastPolicy::kFp32);
 #endif
 }
 
 // Every op on the CPU lower-precision list, called the way a model calls it.
 TEST_F(OpPolicy, LowerPrecisionOpsRunInBf16) {
-  ampp::autocast guard(torch::kCPU, kBF16, true, ampp::AutocastOptions().bf16_compute(ampp::Bf16Compute::native));
+  ampp::autocast guard(torch::kCPU, kBF16, true, ampp::AutocastOptions().bf16_compute(ampp::Bf16Compute::kNative));
   const auto m = torch::randn({4, 5}), v = torch::randn({5, 3}), b3 = torch::randn({2, 4, 5});
   const auto c3 = torch::randn({2, 5, 3});
   const auto x1 = torch::randn({1, 2, 8}), w1 = torch::randn({3, 2, 3});
@@ -115,11 +115,11 @@ TEST_F(OpPolicy, LowerPrecisionOpsRunInBf16) {
   outs.insert(outs.end(), added_in_2x.begin(), added_in_2x.end());
   // Internal ops a model does not call directly (oneDNN's RNN layer, fused multi-head attention).
   for (const char* op : {"mkldnn_rnn_layer", "_native_multi_head_attention"})
-    not_called += ampp::policy_of(op) == CastPolicy::lower_precision;
+    not_called += ampp::policy_of(op) == CastPolicy::kLowerPrecision;
 #endif
-  EXPECT_EQ(outs.size() + not_called, ampp::ops_with_policy(CastPolicy::lower_precision).size());
+  EXPECT_EQ(outs.size() + not_called, ampp::ops_with_policy(CastPolicy::kLowerPrecision).size());
   for (const auto& [name, out] : outs) {
-    EXPECT_EQ(ampp::policy_of(name), CastPolicy::lower_precision) << name;
+    EXPECT_EQ(ampp::policy_of(name), CastPolicy::kLowerPrecision) << name;
     EXPECT_EQ(out.scalar_type(), kBF16) << name;
   }
 }
@@ -148,7 +148,7 @@ TEST_F(OpPolicy, Fp32OpsRunInFp32) {
       {"fft_rfft", torch::fft::rfft(bf({8}))},
   };
   for (const auto& [name, out] : outs) {
-    EXPECT_EQ(ampp::policy_of(name), CastPolicy::fp32) << name;
+    EXPECT_EQ(ampp::policy_of(name), CastPolicy::kFp32) << name;
     EXPECT_TRUE(out.scalar_type() == kF32 || out.scalar_type() == torch::kComplexFloat) << name << " -> "
                                                                                          << out.scalar_type();
   }
@@ -217,8 +217,8 @@ TEST_F(OpRegistration, HalfFloatAndPromoteRegistrationsTakeEffect) {
   ampp::register_half_function("mv");
   ampp::register_float_function("aten::mm");
   ampp::register_promote_function("dot");
-  EXPECT_EQ(ampp::policy_of("mv"), CastPolicy::lower_precision);
-  EXPECT_EQ(ampp::policy_of("mm"), CastPolicy::fp32);
+  EXPECT_EQ(ampp::policy_of("mv"), CastPolicy::kLowerPrecision);
+  EXPECT_EQ(ampp::policy_of("mm"), CastPolicy::kFp32);
   {
     ampp::autocast guard(torch::kCPU, kBF16);
     EXPECT_EQ(torch::mv(m, v).scalar_type(), kBF16);
@@ -231,7 +231,7 @@ TEST_F(OpRegistration, HalfFloatAndPromoteRegistrationsTakeEffect) {
     auto y = torch::mv(torch::full({1, 2}, 1.0), torch::tensor({0.125f, 0.00006103515625f /*2^-14*/}));
     EXPECT_EQ(y.item<float>(), 0.125f);
   }
-  ampp::register_op_policy("mv", CastPolicy::none);
+  ampp::register_op_policy("mv", CastPolicy::kNone);
   {
     ampp::autocast guard(torch::kCPU, kBF16);
     EXPECT_EQ(torch::mv(m, v).scalar_type(), kF32);
@@ -260,9 +260,9 @@ TEST_F(OpRegistration, BadRegistrationsAreClearErrors) {
   } catch (const c10::Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("out-of-place"));
   }
-  EXPECT_THROW(ampp::register_op_policy("mm", CastPolicy::fp32_set_opt_dtype), c10::Error);
+  EXPECT_THROW(ampp::register_op_policy("mm", CastPolicy::kFp32SetOptDtype), c10::Error);
   EXPECT_THROW(ampp::register_half_function("mm", torch::kCUDA), c10::Error);  // no CUDA build
-  EXPECT_EQ(ampp::policy_of("mm"), CastPolicy::lower_precision);  // unchanged by failed calls
+  EXPECT_EQ(ampp::policy_of("mm"), CastPolicy::kLowerPrecision);  // unchanged by failed calls
 }
 
 TEST_F(OpRegistration, UninstallRestoresLibTorchKernels) {

@@ -1,7 +1,9 @@
 #pragma once
 // Shared helpers of the GradScaler tests.
 
-#include <ampp/grad_scaler.h>
+#include <ampp/scaling/grad_scaler.h>
+
+#include "ampp_test.h"
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -17,15 +19,6 @@ namespace ampp_test {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-/// The message of the c10::Error thrown by fn, or "<no error>".
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
 
 /// A four-weight linear problem: one scripted iteration = scale(loss).backward(), optional injected
 /// non-finite value in the gradient, step(), update().
@@ -65,11 +58,5 @@ inline std::vector<Point> trajectory(ampp::GradScaler& scaler, const std::string
   return out;
 }
 
-/// Bitwise equality of two tensors of the same dtype (NaN-safe, -0 != +0).
-inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const auto itype = a.element_size() == 8 ? torch::kLong : a.element_size() == 4 ? torch::kInt : torch::kShort;
-  return torch::equal(a.contiguous().view(itype), b.contiguous().view(itype));
-}
 
 }  // namespace ampp_test

@@ -26,13 +26,12 @@ TEST(Errors, UnscaleTwiceAndUnscaleAfterStep) {
   scaler.scale(t.p.sum()).backward();
   scaler.unscale_(t.opt);
   EXPECT_EQ(scaler.stage(t.opt), OptState::kUnscaled);
-  EXPECT_THAT(error_of([&] { scaler.unscale_(t.opt); }),
-              HasSubstr("unscale_() has already been called on this optimizer since the last update()."));
+  AMPP_EXPECT_THROW_WITH(scaler.unscale_(t.opt), "unscale_() has already been called on this optimizer since the last update().");
   // The failed call changed nothing: the grads were unscaled exactly once.
   EXPECT_TRUE(torch::equal(t.p.grad(), torch::ones({4})));
   EXPECT_TRUE(scaler.step(t.opt));
   EXPECT_EQ(scaler.stage(t.opt), OptState::kStepped);
-  EXPECT_THAT(error_of([&] { scaler.unscale_(t.opt); }), HasSubstr("unscale_() is being called after step()."));
+  AMPP_EXPECT_THROW_WITH(scaler.unscale_(t.opt), "unscale_() is being called after step().");
   scaler.update();
   EXPECT_EQ(scaler.stage(t.opt), OptState::kReady);
 }
@@ -51,7 +50,7 @@ TEST(Errors, UpdateWithoutStepOrUnscale) {
   GradScaler scaler;
   Tiny t;
   (void)scaler.scale(t.p.sum());
-  EXPECT_THAT(error_of([&] { scaler.update(); }), HasSubstr("No inf checks were recorded prior to update."));
+  AMPP_EXPECT_THROW_WITH(scaler.update(), "No inf checks were recorded prior to update.");
 }
 
 TEST(Errors, MethodsBeforeTheFirstScaleCall) {
@@ -60,24 +59,23 @@ TEST(Errors, MethodsBeforeTheFirstScaleCall) {
   t.p.mutable_grad() = torch::ones({4});
   const std::string tail = "but _scale is None.  This may indicate your script did not use "
                            "scaler.scale(loss or outputs) earlier in the iteration.";
-  EXPECT_THAT(error_of([&] { scaler.step(t.opt); }), HasSubstr("Attempted step " + tail));
-  EXPECT_THAT(error_of([&] { scaler.unscale_(t.opt); }), HasSubstr("Attempted unscale_ " + tail));
-  EXPECT_THAT(error_of([&] { scaler.update(); }), HasSubstr("Attempted update " + tail));
+  AMPP_EXPECT_THROW_WITH(scaler.step(t.opt), "Attempted step " + tail);
+  AMPP_EXPECT_THROW_WITH(scaler.unscale_(t.opt), "Attempted unscale_ " + tail);
+  AMPP_EXPECT_THROW_WITH(scaler.update(), "Attempted update " + tail);
 }
 
 TEST(Errors, StepWithoutAnyGradient) {
   GradScaler scaler;
   Tiny t;
   (void)scaler.scale(t.p.sum());
-  EXPECT_THAT(error_of([&] { scaler.step(t.opt); }), HasSubstr("No inf checks were recorded for this optimizer."));
+  AMPP_EXPECT_THROW_WITH(scaler.step(t.opt), "No inf checks were recorded for this optimizer.");
 }
 
 TEST(Errors, ClosureRejectedWhenEnabled) {
   GradScaler scaler;
   Tiny t;
   scaler.scale(t.p.sum()).backward();
-  EXPECT_THAT(error_of([&] { scaler.step(t.opt, [] { return torch::zeros({}); }); }),
-              HasSubstr("Closure use is not currently supported if GradScaler is enabled."));
+  AMPP_EXPECT_THROW_WITH(scaler.step(t.opt, [] { return torch::zeros({}); }), "Closure use is not currently supported if GradScaler is enabled.");
 }
 
 TEST(Errors, Fp16GradientsRejectedUnlessAllowed) {
@@ -86,7 +84,7 @@ TEST(Errors, Fp16GradientsRejectedUnlessAllowed) {
   GradScaler strict;
   (void)strict.scale(torch::ones({}));
   p.mutable_grad() = torch::full({3}, 4.0, torch::kHalf);
-  EXPECT_THAT(error_of([&] { strict.unscale_(opt); }), HasSubstr("Attempting to unscale FP16 gradients."));
+  AMPP_EXPECT_THROW_WITH(strict.unscale_(opt), "Attempting to unscale FP16 gradients.");
   GradScaler lenient(GradScalerOptions().init_scale(4).allow_fp16_grads(true));
   (void)lenient.scale(torch::ones({}));
   lenient.unscale_(opt);
@@ -112,10 +110,9 @@ TEST(Errors, BadOptionsAreRejectedWithTheFix) {
       {GradScalerOptions().min_scale_patience(0), "min_scale_patience must be >= 1"},
   };
   for (const auto& c : cases) {
-    EXPECT_THAT(error_of([&] { GradScaler s(c.options); }), HasSubstr(c.message));
+    AMPP_EXPECT_THROW_WITH(GradScaler s(c.options), c.message);
   }
-  EXPECT_THAT(error_of([] { GradScaler s(GradScalerOptions().growth_factor(0.9)); }),
-              HasSubstr("pass GradScalerOptions().growth_factor(x) with x > 1"));
+  AMPP_EXPECT_THROW_WITH(GradScaler s(GradScalerOptions().growth_factor(0.9)), "pass GradScalerOptions().growth_factor(x) with x > 1");
   // Setters do not re-validate (insightface sets the growth factor to 1 at the cap).
   GradScaler s;
   s.set_growth_factor(1.0);
@@ -126,16 +123,14 @@ TEST(Errors, UpdateWithNonPositiveNewScale) {
   GradScaler scaler;
   Tiny t;
   t.iterate(scaler, false);
-  EXPECT_THAT(error_of([&] { scaler.update(0.0); }), HasSubstr("new_scale must be finite and > 0"));
+  AMPP_EXPECT_THROW_WITH(scaler.update(0.0), "new_scale must be finite and > 0");
 }
 
 TEST(Errors, LoadingAnEmptyOrIncompleteStateDict) {
   GradScaler scaler;
-  EXPECT_THAT(error_of([&] { scaler.load_state_dict({}); }),
-              HasSubstr("The source state dict is empty, possibly because it was saved from a disabled "
-                        "instance of GradScaler."));
+  AMPP_EXPECT_THROW_WITH(scaler.load_state_dict({}), "The source state dict is empty, possibly because it was saved from a disabled " "instance of GradScaler.");
   ampp::GradScalerStateDict partial{{"scale", 2.0}};
-  EXPECT_THAT(error_of([&] { scaler.load_state_dict(partial); }), HasSubstr("key \"growth_factor\" is missing"));
+  AMPP_EXPECT_THROW_WITH(scaler.load_state_dict(partial), "key \"growth_factor\" is missing");
 }
 
 std::string random_script(size_t n, uint32_t seed) {

@@ -7,13 +7,14 @@
 #include <ampp/precision/torch_compat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <ampp/amp/torch_compat.h>
+#include <ampp/util/optimizer_compat.h>
 
 namespace {
 
 using ampp::GradScaler;
 using ampp::GradScalerOptions;
 using ampp_test::same_bits;
+using ampp_test::snapshot;
 
 torch::nn::Sequential make_mlp(uint64_t seed) {
   torch::manual_seed(seed);
@@ -29,26 +30,13 @@ Batch make_batch(uint64_t seed) {
   return {torch::randn({8, 6}), torch::randn({8, 3})};
 }
 
-std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& ts) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.detach().clone());
-  return out;
-}
-
-bool all_same_bits(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!same_bits(a[i], b[i])) return false;
-  }
-  return true;
-}
 
 // Every tensor of the optimizer's per-parameter state, in parameter order.
 std::vector<torch::Tensor> optimizer_state(torch::optim::Optimizer& opt) {
   std::vector<torch::Tensor> out;
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
-      auto it = opt.state().find(ampp::amp::compat::optimizer_state_key(p));
+      auto it = opt.state().find(ampp::optimizer_state_key(p));
       if (it == opt.state().end()) continue;
       if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
         out.push_back(sgd->momentum_buffer().clone());
@@ -104,8 +92,8 @@ TEST(Step, NonFiniteGradientInAnyParameterLeavesParamsAndOptimizerStateBitIdenti
         const auto state_before = optimizer_state(*opt);
         ASSERT_FALSE(state_before.empty());
         EXPECT_FALSE(iterate(static_cast<int64_t>(k), bad, 20 + k));
-        EXPECT_TRUE(all_same_bits(snapshot(params), params_before)) << name << " param " << k << " " << bad;
-        EXPECT_TRUE(all_same_bits(optimizer_state(*opt), state_before)) << name << " param " << k;
+        EXPECT_TRUE(same_bits(snapshot(params), params_before)) << name << " param " << k << " " << bad;
+        EXPECT_TRUE(same_bits(optimizer_state(*opt), state_before)) << name << " param " << k;
         expected_scale /= 2;
         EXPECT_EQ(scaler.get_scale(), expected_scale);
         EXPECT_TRUE(scaler.found_inf_last_step());
@@ -132,9 +120,9 @@ TEST(Step, FiniteStepsEqualPlainStepsOnUnscaledGradientsBitForBit) {
       EXPECT_TRUE(scaler.step(*amp_opt));
       EXPECT_FALSE(scaler.found_inf_last_step());
       scaler.update();
-      EXPECT_TRUE(all_same_bits(snapshot(amp_net->parameters()), snapshot(plain_net->parameters())))
+      EXPECT_TRUE(same_bits(snapshot(amp_net->parameters()), snapshot(plain_net->parameters())))
           << name << " iteration " << it;
-      EXPECT_TRUE(all_same_bits(optimizer_state(*amp_opt), optimizer_state(*plain_opt))) << name;
+      EXPECT_TRUE(same_bits(optimizer_state(*amp_opt), optimizer_state(*plain_opt))) << name;
     }
     EXPECT_EQ(scaler.get_growth_tracker(), 4);
   }
@@ -192,7 +180,7 @@ TEST(Step, Seed003ClipGradNormAfterUnscaleClipsTheTrueGradients) {
     amp.opt_pfc.step();
     amp.opt_backbone.zero_grad();
     amp.opt_pfc.zero_grad();
-    EXPECT_TRUE(all_same_bits(snapshot(amp.backbone->parameters()), snapshot(ref.backbone->parameters())));
+    EXPECT_TRUE(same_bits(snapshot(amp.backbone->parameters()), snapshot(ref.backbone->parameters())));
   }
 }
 
@@ -222,7 +210,7 @@ TEST(Step, DisabledScalerIsAnExactPassThrough) {
     EXPECT_TRUE(scaler.step(off_opt));
     scaler.update();
     scaler.update(7.0);
-    EXPECT_TRUE(all_same_bits(snapshot(off_net->parameters()), snapshot(plain_net->parameters())));
+    EXPECT_TRUE(same_bits(snapshot(off_net->parameters()), snapshot(plain_net->parameters())));
   }
   EXPECT_EQ(scaler.get_scale(), 1.0);
   EXPECT_EQ(scaler.get_growth_tracker(), 0);
@@ -279,12 +267,12 @@ TEST(Step, Bf16GradientsAreUnscaledAndChecked) {
   EXPECT_FALSE(scaler.step(opt));
 }
 
-TEST(Step, FoundInfReducerSeesTheFlagAndDecidesForAllProcesses) {
+TEST(Step, FoundInfHookSeesTheFlagAndDecidesForAllProcesses) {
   GradScaler scaler(GradScalerOptions().init_scale(8));
   int calls = 0;
   float seen = -1;
   bool other_rank_overflowed = true;
-  scaler.set_found_inf_reducer([&](torch::Tensor& found_inf) {
+  scaler.set_found_inf_hook([&](torch::Tensor& found_inf) {
     ++calls;
     seen = found_inf.item<float>();
     if (other_rank_overflowed) found_inf.fill_(1.0);  // what an all-reduce(MAX) would produce
@@ -299,7 +287,7 @@ TEST(Step, FoundInfReducerSeesTheFlagAndDecidesForAllProcesses) {
   EXPECT_EQ(seen, 1.0f);
   EXPECT_TRUE(t.iterate(scaler, false));
   EXPECT_EQ(calls, 3);
-  scaler.set_found_inf_reducer(nullptr);
+  scaler.set_found_inf_hook(nullptr);
   EXPECT_TRUE(t.iterate(scaler, false));
   EXPECT_EQ(calls, 3);
 }

@@ -7,7 +7,7 @@
 // machine drift by tens of percent, ratios much less. The full Google Benchmark suites are in bench/.
 #include "command_registry.h"
 
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/train/allocator.h>

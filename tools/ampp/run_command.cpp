@@ -13,7 +13,6 @@
 #include <ampp/dist/launcher.h>
 #include <ampp/util/threads.h>
 
-#include "ampp/dist/launcher_posix.h"
 #include "command_registry.h"
 
 namespace {

@@ -14,8 +14,8 @@
 // initialize(), which must outlive it.
 
 #include <ampp/amp/properties.h>
-#include <ampp/autocast.h>
-#include <ampp/grad_scaler.h>
+#include <ampp/precision/autocast.h>
+#include <ampp/scaling/grad_scaler.h>
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>

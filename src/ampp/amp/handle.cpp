@@ -1,5 +1,5 @@
 // ampp::Amp: step (skip on overflow, masters -> model), zero_grad, forward casts, state dicts.
-#include "ampp/amp/state.h"
+#include "state.h"
 
 #include <ampp/precision/rounding.h>
 
@@ -35,7 +35,7 @@ bool Amp::step() {
   AmpState& st = *state_;
   bool all_stepped = true;
   for (auto& rec : st.optimizers) {
-    detail::pay_owed_zeros(rec);  // zero_grad() then step() without a backward: LibTorch would step zeros
+    detail::fill_pending_zero_grads(rec);  // zero_grad() then step() without a backward: LibTorch would step zeros
     TORCH_CHECK(!rec.has_scaled_grads, "Amp::step(): the gradients are still scaled because the last backward used "
                 "delay_unscale(true). Run the last micro-batch's scale_loss(...).backward() without delay_unscale "
                 "before step().");
@@ -72,7 +72,7 @@ bool Amp::step() {
 void Amp::zero_grad() {
   AmpState& st = *state_;
   for (auto& rec : st.optimizers) {
-    // Same result as optimizer->zero_grad() once the next backward is done (see zeros_owed), without
+    // Same result as optimizer->zero_grad() once the next backward is done (see zero_grads_pending), without
     // writing zeros that the backward would only add to: on a small model, that memset and add were
     // most of ampp's per-step cost.
     for (auto& slot : rec.slots) {
@@ -80,7 +80,7 @@ void Amp::zero_grad() {
       slot.stash = torch::Tensor();
       if (slot.model.defined()) slot.model.mutable_grad() = torch::Tensor();
     }
-    rec.zeros_owed = true;
+    rec.zero_grads_pending = true;
     rec.has_scaled_grads = false;
   }
   // Cast parameters that no optimizer holds must not accumulate scaled grads forever.

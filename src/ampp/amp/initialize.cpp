@@ -1,9 +1,9 @@
 // ampp::initialize: resolve the properties, cast the model, build FP32 masters, create loss scalers.
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
 
-#include "ampp/amp/model_cast.h"
-#include "ampp/amp/optimizer_state.h"
-#include "ampp/amp/state.h"
+#include "model_cast.h"
+#include "optimizer_state.h"
+#include "state.h"
 
 #include <fmt/core.h>
 
@@ -183,13 +183,13 @@ Amp initialize(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
     auto scaler = std::make_unique<GradScaler>(scaler_options(p));
     AmpState* raw = st.get();
     // Observe the overflow flag GradScaler computes in its fused unscale pass.
-    scaler->set_found_inf_reducer([raw](torch::Tensor& found_inf) {
+    scaler->set_found_inf_hook([raw](torch::Tensor& found_inf) {
       if (found_inf.item<float>() != 0.0f) raw->overflow_seen = true;
     });
     st->scalers.push_back(std::move(scaler));
   }
   const bool unit_static = !p.loss_scale().is_dynamic() && p.loss_scale().value() == 1.0;
-  st->use_scaler = p.enabled() && (st->use_masters || !unit_static);
+  st->scales_loss = p.enabled() && (st->use_masters || !unit_static);
 
   if (p.enabled() && p.verbosity() >= 1) {
     fmt::print(stderr, "ampp: optimization level {} ({}{})\n{}", to_string(p.opt_level()),

@@ -1,4 +1,4 @@
-#include "ampp/amp/model_cast.h"
+#include "model_cast.h"
 
 #include <ampp/precision/rounding.h>
 

@@ -1,4 +1,4 @@
-#include "ampp/amp/optimizer_state.h"
+#include "optimizer_state.h"
 
 #include <c10/util/Type.h>
 #include <torch/optim/adagrad.h>

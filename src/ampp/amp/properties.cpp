@@ -1,4 +1,5 @@
 #include <ampp/amp/properties.h>
+#include <ampp/util/parse_number.h>
 
 #include <c10/util/Exception.h>
 
@@ -26,16 +27,9 @@ LossScale::LossScale(const char* text) : LossScale(std::string(text ? text : "")
 
 LossScale::LossScale(const std::string& text) {
   if (text == "dynamic") return;
-  double value = 0.0;
-  size_t used = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TORCH_CHECK(used != 0 && used == text.size(), "loss_scale must be \"dynamic\" or a number such as \"128.0\", got '",
-              text, "'.");
-  *this = LossScale(value);
+  const auto value = parse_real(text);
+  TORCH_CHECK(value, "loss_scale must be \"dynamic\" or a number such as \"128.0\", got '", text, "'.");
+  *this = LossScale(*value);
 }
 
 double LossScale::value() const {

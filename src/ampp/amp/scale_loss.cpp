@@ -5,7 +5,7 @@
 // gradients of different backwards cannot simply be summed. Gradients accumulated earlier (already
 // unscaled, in FP32) are set aside before autograd runs, the new ones are unscaled alone, and the
 // two are added: grad = new / scale + stashed (apex's axpby).
-#include "ampp/amp/state.h"
+#include "state.h"
 
 #include <fmt/core.h>
 
@@ -48,7 +48,7 @@ void move_model_grads_to_masters(OptimizerRecord& rec) {
 
 void add_stash_back(OptimizerRecord& rec) {
   torch::NoGradGuard no_grad;
-  detail::pay_owed_zeros(rec);
+  detail::fill_pending_zero_grads(rec);
   for (auto& slot : rec.slots) {
     if (!slot.stash.defined()) continue;
     torch::Tensor g = slot.param.grad();
@@ -71,13 +71,13 @@ bool has_any_grad(const OptimizerRecord& rec) {
 }  // namespace
 
 namespace detail {
-void pay_owed_zeros(OptimizerRecord& rec) {
-  if (!rec.zeros_owed) return;
+void fill_pending_zero_grads(OptimizerRecord& rec) {
+  if (!rec.zero_grads_pending) return;
   torch::NoGradGuard no_grad;
   for (auto& slot : rec.slots) {
     if (!slot.param.grad().defined()) slot.param.mutable_grad() = torch::zeros_like(slot.param);
   }
-  rec.zeros_owed = false;
+  rec.zero_grads_pending = false;
 }
 }  // namespace detail
 
@@ -98,7 +98,7 @@ ScaledLoss Amp::scale_loss(const torch::Tensor& loss, ScaleLossOptions options) 
               options.loss_id(), " is out of range: initialize() created ", st.props.num_losses(),
               " loss scaler(s). Pass Properties().num_losses(n) to initialize() for n losses.");
   st.records_for(options.optimizers());  // validates the subset early
-  if (!st.use_scaler) return ScaledLoss(state_, loss.to(torch::kFloat), 1.0, std::move(options));
+  if (!st.scales_loss) return ScaledLoss(state_, loss.to(torch::kFloat), 1.0, std::move(options));
   detail::Stopwatch timer(st.props.profile(), &st.profile.scaler_seconds);
   GradScaler& scaler = *st.scalers[options.loss_id()];
   torch::Tensor scaled = scaler.scale(loss.to(torch::kFloat));
@@ -107,7 +107,7 @@ ScaledLoss Amp::scale_loss(const torch::Tensor& loss, ScaleLossOptions options) 
 
 void ScaledLoss::backward(bool retain_graph) {
   AmpState& st = *state_;
-  if (!st.use_scaler) {  // O0/O3 defaults and disabled: nothing to unscale
+  if (!st.scales_loss) {  // O0/O3 defaults and disabled: nothing to unscale
     scaled_.backward({}, retain_graph);
     return;
   }

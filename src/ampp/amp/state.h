@@ -3,7 +3,7 @@
 
 #include <ampp/amp/handle.h>
 #include <ampp/amp/properties.h>
-#include <ampp/grad_scaler.h>
+#include <ampp/scaling/grad_scaler.h>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -33,7 +33,7 @@ struct OptimizerRecord {
   /// Amp::zero_grad() left the grads undefined instead of writing zeros: the next backward's grads
   /// need no stash and no add, and a param that gets no grad is given zeros afterwards, which is
   /// what LibTorch's zero_grad() would have left (so the optimizer still steps it).
-  bool zeros_owed = false;
+  bool zero_grads_pending = false;
 };
 
 struct AmpState {
@@ -44,7 +44,7 @@ struct AmpState {
   bool model_cast_low = false;                       ///< cast_type is a low-precision type
   bool emulate_fp16 = false;                         ///< fp16 on CPU: float32 carriers with fp16 values
   bool use_masters = false;
-  bool use_scaler = false;                           ///< false: static 1.0 and no masters -> plain backward
+  bool scales_loss = false;                           ///< false: static 1.0 and no masters -> plain backward
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   std::vector<torch::Tensor> cast_params;            ///< model parameters that were cast (or fp16-rounded)
   std::vector<OptimizerRecord> optimizers;
@@ -58,8 +58,8 @@ struct AmpState {
   std::vector<OptimizerRecord*> records_for(const std::vector<torch::optim::Optimizer*>& subset);
 };
 
-/// Gives every param of `rec` without a grad the zeros that zero_grad() deferred (see zeros_owed).
-void pay_owed_zeros(OptimizerRecord& rec);
+/// Gives every param of `rec` without a grad the zeros that zero_grad() deferred (see zero_grads_pending).
+void fill_pending_zero_grads(OptimizerRecord& rec);
 
 /// Adds the elapsed time to `*sink` on destruction when `on`.
 class Stopwatch {

@@ -22,7 +22,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "ampp/dist/launcher_posix.h"
+#include "launcher_posix.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "ampp/dist/launcher_posix.h"
+#include "launcher_posix.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -22,7 +22,7 @@
 #include <c10/util/Type.h>
 #include <fmt/format.h>
 
-#include "ampp/dist/launcher_posix.h"
+#include "launcher_posix.h"
 
 namespace ampp::dist {
 namespace {

@@ -1,6 +1,6 @@
 #pragma once
 // What the distributed layer needs from LibTorch's c10d, one spelling for every supported LibTorch.
-#include <ampp/torch_version.h>
+#include <ampp/util/torch_version.h>
 
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

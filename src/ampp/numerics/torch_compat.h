@@ -1,6 +1,6 @@
 #pragma once
 // What the numerics layer follows from the LibTorch it is built against.
-#include <ampp/torch_version.h>
+#include <ampp/util/torch_version.h>
 
 namespace ampp::numerics::compat {
 

@@ -2,7 +2,7 @@
 
 #include "detail.h"
 
-#include <ampp/autocast.h>
+#include <ampp/precision/autocast.h>
 #include <ampp/precision/cpu_features.h>
 
 #include "torch_compat.h"
@@ -25,12 +25,12 @@ namespace {
 
 Bf16Compute from_environment_or_hardware() {
   if (const char* env = std::getenv("AMPP_BF16_COMPUTE")) {
-    if (std::strcmp(env, "native") == 0) return Bf16Compute::native;
-    if (std::strcmp(env, "fp32") == 0) return Bf16Compute::fp32;
+    if (std::strcmp(env, "native") == 0) return Bf16Compute::kNative;
+    if (std::strcmp(env, "fp32") == 0) return Bf16Compute::kFp32;
     TORCH_CHECK(std::strcmp(env, "auto") == 0 || *env == '\0', "AMPP_BF16_COMPUTE='", env,
                 "' is not understood; set it to native, fp32 or auto (or unset it)");
   }
-  return precision::cpu_bf16_support().any() ? Bf16Compute::native : Bf16Compute::fp32;
+  return precision::cpu_bf16_support().any() ? Bf16Compute::kNative : Bf16Compute::kFp32;
 }
 
 std::atomic<Bf16Compute>& default_compute() {
@@ -48,9 +48,9 @@ void check_dtype(c10::ScalarType dtype) {
 
 const char* to_string(Bf16Compute compute) {
   switch (compute) {
-    case Bf16Compute::automatic: return "automatic";
-    case Bf16Compute::native: return "native";
-    case Bf16Compute::fp32: return "fp32";
+    case Bf16Compute::kAutomatic: return "automatic";
+    case Bf16Compute::kNative: return "native";
+    case Bf16Compute::kFp32: return "fp32";
   }
   return "?";
 }
@@ -58,7 +58,7 @@ const char* to_string(Bf16Compute compute) {
 Bf16Compute default_bf16_compute() { return default_compute().load(); }
 
 void set_default_bf16_compute(Bf16Compute compute) {
-  default_compute().store(compute == Bf16Compute::automatic ? from_environment_or_hardware() : compute);
+  default_compute().store(compute == Bf16Compute::kAutomatic ? from_environment_or_hardware() : compute);
 }
 
 namespace precision::detail {
@@ -95,7 +95,7 @@ autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enab
       region.active = true;
       region.dtype = dtype;
       region.bf16_compute =
-          options.bf16_compute() == Bf16Compute::automatic ? default_bf16_compute() : options.bf16_compute();
+          options.bf16_compute() == Bf16Compute::kAutomatic ? default_bf16_compute() : options.bf16_compute();
       region.allow_banned = options.allow_banned();
     } else {
       region.active = false;
@@ -178,7 +178,7 @@ bool is_fp16_emulated() {
 
 Bf16Compute current_bf16_compute() {
   const auto& region = precision::detail::cpu_region();
-  return region.active ? region.bf16_compute : Bf16Compute::native;
+  return region.active ? region.bf16_compute : Bf16Compute::kNative;
 }
 
 void clear_autocast_cache() {

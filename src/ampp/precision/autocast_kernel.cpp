@@ -108,7 +108,7 @@ at::Tensor conv_stored_operands(const c10::IValue* args, at::ScalarType compute)
   return unbatched ? out.squeeze(0) : out;
 }
 
-// A lower-precision op under CPU bf16 with `compute` = kFloat (Bf16Compute::fp32) or kBFloat16
+// A lower-precision op under CPU bf16 with `compute` = kFloat (Bf16Compute::kFp32) or kBFloat16
 // (native). GEMMs/convolutions go through ampp's stored-operand autograd functions; returns with the
 // result on the stack, or false if the op is not one of those (caller casts as usual).
 bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack,
@@ -149,25 +149,25 @@ void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
   const auto& region = cpu_region();
   const c10::ScalarType lower = region.active ? region.dtype : compat::autocast_dtype(c10::DeviceType::CPU);
   const bool fp16 = lower == at::kHalf;
-  const bool fp32_compute = region.active && !fp16 && region.bf16_compute == Bf16Compute::fp32;
+  const bool fp32_compute = region.active && !fp16 && region.bf16_compute == Bf16Compute::kFp32;
   const size_t n = op.schema().arguments().size();
   const std::string key = policy_key(op.operator_name());
 
   CastPolicy policy = lookup_policy(op.operator_name(), c10::DeviceType::CPU);
-  if (policy == CastPolicy::banned) {
+  if (policy == CastPolicy::kBanned) {
     if (fp16 && !region.allow_banned) banned_error(key);
-    policy = CastPolicy::fp32;  // bf16 (PyTorch's CPU behaviour) or allow_banned
+    policy = CastPolicy::kFp32;  // bf16 (PyTorch's CPU behaviour) or allow_banned
   }
   switch (policy) {
-    case CastPolicy::fp32:
+    case CastPolicy::kFp32:
       map_tensors(*stack, n, [](const at::Tensor& t) { return t.to(at::kFloat); });
       break;
-    case CastPolicy::promote: {
+    case CastPolicy::kPromote: {
       const auto to = promote_type(*stack, n, lower);
       map_tensors(*stack, n, [to](const at::Tensor& t) { return t.to(to); });
       break;
     }
-    case CastPolicy::lower_precision:
+    case CastPolicy::kLowerPrecision:
       if (fp16) {
         // fp16 emulation: inputs rounded to fp16 values, fp32 arithmetic, output rounded to fp16.
         map_tensors(*stack, n, [](const at::Tensor& t) { return cached_round_to_fp16(t); });
@@ -219,10 +219,10 @@ void install_locked(Installed& inst) {
                                                   c10::make_optional(c10::DispatchKey::AutocastCPU), __FILE__,
                                                   __LINE__);
   for (const auto& key : installed_cpu_ops()) inst.add(key);
-  for (const auto& key : ops_with_policy(CastPolicy::lower_precision)) inst.add(key);  // user additions
-  for (const auto& key : ops_with_policy(CastPolicy::fp32)) inst.add(key);
-  for (const auto& key : ops_with_policy(CastPolicy::promote)) inst.add(key);
-  for (const auto& key : ops_with_policy(CastPolicy::banned)) inst.add(key);
+  for (const auto& key : ops_with_policy(CastPolicy::kLowerPrecision)) inst.add(key);  // user additions
+  for (const auto& key : ops_with_policy(CastPolicy::kFp32)) inst.add(key);
+  for (const auto& key : ops_with_policy(CastPolicy::kPromote)) inst.add(key);
+  for (const auto& key : ops_with_policy(CastPolicy::kBanned)) inst.add(key);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #pragma once
 // Internal state shared by the precision layer's translation units.
 
-#include <ampp/autocast.h>
+#include <ampp/precision/autocast.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -18,7 +18,7 @@ namespace ampp::precision::detail {
 struct CpuRegion {
   bool active = false;
   c10::ScalarType dtype = c10::ScalarType::BFloat16;
-  Bf16Compute bf16_compute = Bf16Compute::native;
+  Bf16Compute bf16_compute = Bf16Compute::kNative;
   bool allow_banned = false;
 };
 CpuRegion& cpu_region();

@@ -1,8 +1,8 @@
 #pragma once
 // GEMMs and convolutions under CPU bf16 autocast, as custom autograd functions that save the
 // operands as they are *stored* (bf16 activations, fp32 weights) and cast them to the compute dtype
-// again in backward. Compute dtype kFloat is Bf16Compute::fp32 (bf16 storage, fp32 arithmetic);
-// kBFloat16 is Bf16Compute::native. Output always bf16.
+// again in backward. Compute dtype kFloat is Bf16Compute::kFp32 (bf16 storage, fp32 arithmetic);
+// kBFloat16 is Bf16Compute::kNative. Output always bf16.
 // Why not ordinary casts + ops: autograd would then save the cast copies for backward (fp32 copies
 // of bf16 activations, bf16 copies of fp32 weights), which raises peak memory above a pure fp32 run
 // for models whose memory is dominated by weights (the reference MLP).

@@ -90,21 +90,21 @@ bool has_schema(const std::string& key) {
 Table default_table(c10::DeviceType device_type) {
   Table t;
   if (device_type == c10::DeviceType::CPU) {
-    fill(t, kCpuLower, CastPolicy::lower_precision);
-    fill(t, kCpuPromote, CastPolicy::promote);
-    fill(t, kCpuFp32, CastPolicy::fp32);
-    fill(t, kCpuBanned, CastPolicy::banned);
+    fill(t, kCpuLower, CastPolicy::kLowerPrecision);
+    fill(t, kCpuPromote, CastPolicy::kPromote);
+    fill(t, kCpuFp32, CastPolicy::kFp32);
+    fill(t, kCpuBanned, CastPolicy::kBanned);
     for (const auto& [key, policy] : precision::compat::cpu_policy_changes()) t[key] = policy;
     // LibTorch's own CPU list is the reference: an op it does not autocast, ampp does not either.
     const auto& libtorch = precision::detail::libtorch_cpu_autocast_ops();
     for (auto it = t.begin(); it != t.end();) it = libtorch.count(it->first) ? std::next(it) : t.erase(it);
   } else {
-    fill(t, kCudaLower, CastPolicy::lower_precision);
-    fill(t, kCudaFp32, CastPolicy::fp32);
-    fill(t, kCudaFp32SetOptDtype, CastPolicy::fp32_set_opt_dtype);
-    fill(t, kCudaFp32AppendDtype, CastPolicy::fp32_append_dtype);
-    fill(t, kCudaPromote, CastPolicy::promote);
-    fill(t, kCudaBanned, CastPolicy::banned);
+    fill(t, kCudaLower, CastPolicy::kLowerPrecision);
+    fill(t, kCudaFp32, CastPolicy::kFp32);
+    fill(t, kCudaFp32SetOptDtype, CastPolicy::kFp32SetOptDtype);
+    fill(t, kCudaFp32AppendDtype, CastPolicy::kFp32AppendDtype);
+    fill(t, kCudaPromote, CastPolicy::kPromote);
+    fill(t, kCudaBanned, CastPolicy::kBanned);
     // No CUDA registrations to read in a CPU build: drop ops this LibTorch no longer has (2.x
     // removed the named-tensor overloads such as "sum.dim_DimnameList").
     for (auto it = t.begin(); it != t.end();) it = has_schema(it->first) ? std::next(it) : t.erase(it);
@@ -149,13 +149,13 @@ c10::OperatorHandle find_op(const std::string& key) {
 
 const char* to_string(CastPolicy policy) {
   switch (policy) {
-    case CastPolicy::none: return "none";
-    case CastPolicy::lower_precision: return "lower_precision";
-    case CastPolicy::fp32: return "fp32";
-    case CastPolicy::fp32_set_opt_dtype: return "fp32_set_opt_dtype";
-    case CastPolicy::fp32_append_dtype: return "fp32_append_dtype";
-    case CastPolicy::promote: return "promote";
-    case CastPolicy::banned: return "banned";
+    case CastPolicy::kNone: return "none";
+    case CastPolicy::kLowerPrecision: return "lower_precision";
+    case CastPolicy::kFp32: return "fp32";
+    case CastPolicy::kFp32SetOptDtype: return "fp32_set_opt_dtype";
+    case CastPolicy::kFp32AppendDtype: return "fp32_append_dtype";
+    case CastPolicy::kPromote: return "promote";
+    case CastPolicy::kBanned: return "banned";
   }
   return "?";
 }
@@ -167,7 +167,7 @@ CastPolicy policy_of(const std::string& op, c10::DeviceType device_type) {
   std::shared_lock<std::shared_mutex> lock(r.mutex);
   const auto& t = r.of(device_type);
   auto it = t.find(key);
-  return it == t.end() ? CastPolicy::none : it->second;
+  return it == t.end() ? CastPolicy::kNone : it->second;
 }
 
 std::vector<std::string> ops_with_policy(CastPolicy policy, c10::DeviceType device_type) {
@@ -185,30 +185,30 @@ std::vector<std::string> ops_with_policy(CastPolicy policy, c10::DeviceType devi
 
 void register_op_policy(const std::string& op, CastPolicy policy, c10::DeviceType device_type) {
   check_device(device_type);
-  TORCH_CHECK(policy == CastPolicy::none || policy == CastPolicy::lower_precision ||
-                  policy == CastPolicy::fp32 || policy == CastPolicy::promote || policy == CastPolicy::banned,
+  TORCH_CHECK(policy == CastPolicy::kNone || policy == CastPolicy::kLowerPrecision ||
+                  policy == CastPolicy::kFp32 || policy == CastPolicy::kPromote || policy == CastPolicy::kBanned,
               "ampp::register_op_policy: policy '", to_string(policy),
               "' is reserved for LibTorch's built-in CUDA lists; use lower_precision, fp32, promote, banned "
               "or none");
   const std::string key = precision::detail::normalize_op_name(op);
   find_op(key);
-  if (policy != CastPolicy::none) precision::detail::install_kernel_for(key, device_type);
+  if (policy != CastPolicy::kNone) precision::detail::install_kernel_for(key, device_type);
   auto& r = registry();
   std::unique_lock<std::shared_mutex> lock(r.mutex);
-  if (policy == CastPolicy::none)
+  if (policy == CastPolicy::kNone)
     r.of(device_type).erase(key);
   else
     r.of(device_type)[key] = policy;
 }
 
 void register_half_function(const std::string& op, c10::DeviceType device_type) {
-  register_op_policy(op, CastPolicy::lower_precision, device_type);
+  register_op_policy(op, CastPolicy::kLowerPrecision, device_type);
 }
 void register_float_function(const std::string& op, c10::DeviceType device_type) {
-  register_op_policy(op, CastPolicy::fp32, device_type);
+  register_op_policy(op, CastPolicy::kFp32, device_type);
 }
 void register_promote_function(const std::string& op, c10::DeviceType device_type) {
-  register_op_policy(op, CastPolicy::promote, device_type);
+  register_op_policy(op, CastPolicy::kPromote, device_type);
 }
 
 void reset_op_policies(c10::DeviceType device_type) {
@@ -239,7 +239,7 @@ CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_t
   std::shared_lock<std::shared_mutex> lock(r.mutex);
   const auto& t = r.of(device_type);
   auto it = t.find(key);
-  return it == t.end() ? CastPolicy::none : it->second;
+  return it == t.end() ? CastPolicy::kNone : it->second;
 }
 
 const std::set<std::string>& libtorch_cpu_autocast_ops() {

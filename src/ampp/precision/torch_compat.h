@@ -1,7 +1,7 @@
 #pragma once
 // What the precision layer needs from LibTorch, one spelling for every supported LibTorch.
-#include <ampp/autocast.h>
-#include <ampp/torch_version.h>
+#include <ampp/precision/autocast.h>
+#include <ampp/util/torch_version.h>
 
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
@@ -56,7 +56,7 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 // keeps only ops this LibTorch registers (read from its dispatcher), so each 2.x gets its subset.
 inline std::vector<std::pair<const char*, CastPolicy>> cpu_policy_changes() {
 #if AMPP_TORCH_AT_LEAST(2, 0)
-  const auto lower = CastPolicy::lower_precision;
+  const auto lower = CastPolicy::kLowerPrecision;
   return {{"conv_transpose1d", lower}, {"conv_transpose2d.input", lower}, {"conv_transpose3d.input", lower},
           {"prelu", lower}, {"scaled_dot_product_attention", lower}, {"_native_multi_head_attention", lower},
           {"linalg_vecdot", lower}, {"_addmm_activation", lower}, {"mkldnn_rnn_layer", lower}};

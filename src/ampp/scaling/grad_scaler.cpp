@@ -3,7 +3,7 @@
 // hysteresis) switch update() from ATen's growth-tracker kernel to the host-side rule below, which
 // reduces to the same arithmetic when every policy is at its default.
 
-#include <ampp/grad_scaler.h>
+#include <ampp/scaling/grad_scaler.h>
 
 #include <ampp/numerics/unscale.h>
 #include <ampp/numerics/update_scale.h>
@@ -74,7 +74,7 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
     for (const auto& [dev, f] : st.found_inf_per_device) copy.found_inf_per_device.emplace(dev, f.clone());
     per_optimizer_states_.emplace(opt, std::move(copy));
   }
-  reducer_ = other.reducer_;
+  found_inf_hook_ = other.found_inf_hook_;
   found_inf_last_step_ = other.found_inf_last_step_;
   skipped_steps_ = other.skipped_steps_;
   hysteresis_tracker_ = other.hysteresis_tracker_;
@@ -167,12 +167,12 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     st.found_inf_per_device.emplace(dev, f);
   }
 
-  if (reducer_) {
+  if (found_inf_hook_) {
     // One combined flag per optimizer, reduced across processes. Called even when this process has no
     // grads for the optimizer, so that collective calls match on every rank.
     torch::Tensor combined = torch::zeros({}, scale_.options());
     for (auto& [dev, f] : st.found_inf_per_device) combined += f.to(scale_.device());
-    reducer_(combined);
+    found_inf_hook_(combined);
     st.found_inf_per_device.clear();
     st.found_inf_per_device.emplace(scale_.device().str(), combined);
   }

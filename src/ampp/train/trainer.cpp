@@ -1,6 +1,6 @@
 // ampp::train::train in named steps: set up the workers, build the run (data, model, optimizer,
 // amp, sampler), resume, run the epochs (steps, evaluation, checkpoints), write the outputs.
-#include <ampp/initialize.h>
+#include <ampp/amp/initialize.h>
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>

@@ -1,6 +1,7 @@
 #pragma once
-// What the opt-levels layer needs from LibTorch, one spelling for every supported LibTorch.
-#include <ampp/torch_version.h>
+// Optimizer state keys and in-place zero_grad with one spelling for every supported LibTorch
+// (1.13 and 2.x differ in both); used by the opt-levels layer and by tests and user code alike.
+#include <ampp/util/torch_version.h>
 
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
@@ -10,7 +11,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace ampp::amp::compat {
+namespace ampp {
 
 // LibTorch keys optimizer state by the parameter's TensorImpl: 1.13 by its address printed as a
 // string (c10::guts::to_string), 2.x by the pointer itself (void*). The key type is read from
@@ -39,4 +40,4 @@ inline void zero_grad_in_place(torch::optim::Optimizer& optimizer) {
 #endif
 }
 
-}  // namespace ampp::amp::compat
+}  // namespace ampp

@@ -1,0 +1,137 @@
+#pragma once
+// ampp::autocast: PyTorch-style autocast regions for LibTorch, as an RAII guard.
+//
+//   {
+//     ampp::autocast guard(torch::kCPU, torch::kBFloat16);   // or torch::kHalf (emulated on CPU)
+//     loss = criterion(net->forward(x), y);
+//   }                                                        // previous state restored here
+//
+// Inside a region, listed ATen ops cast their floating-point tensor arguments according to a
+// per-op CastPolicy (PyTorch 1.13's published lists by default, see docs/precision.md). The lists
+// can be queried (policy_of) and extended at run time for any registered aten op (apex's
+// register_half_function / register_float_function / register_promote_function).
+//
+// fp16 on CPU: LibTorch 1.13 has no fp16 CPU kernels. ampp emulates fp16 faithfully: values and
+// gradients that cross lower-precision ops are rounded to IEEE half (overflow to inf, underflow to
+// subnormals/zero) while the arithmetic runs in fp32 and tensors are stored as float32 carriers.
+//
+// bf16 on CPU: GEMMs/convolutions run on LibTorch's native bf16 kernels when the CPU has bf16 units;
+// otherwise (by default) activations are stored in bf16 but GEMMs/convolutions compute in fp32.
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+
+#include <string>
+#include <vector>
+
+namespace ampp {
+
+/// How an op's floating-point tensor arguments are treated inside an autocast region.
+enum class CastPolicy {
+  kNone,             ///< not listed: runs in the dtype of its inputs
+  kLowerPrecision,   ///< cast to the region's dtype (bf16, fp16); fp32 weights are cached
+  kFp32,             ///< cast to float32
+  kFp32SetOptDtype,  ///< (CUDA lists) inputs untouched, optional `dtype` argument set to float32
+  kFp32AppendDtype,  ///< (CUDA lists) redispatched with dtype=float32 (the `norm` family)
+  kPromote,          ///< cast to the widest floating dtype among the arguments
+  kBanned,           ///< refuses to run under fp16 (binary_cross_entropy); see allow_banned
+};
+
+/// "lower_precision", "fp32", ... (the spelling used by docs and error messages).
+const char* to_string(CastPolicy policy);
+
+/// Where bf16 GEMMs and convolutions compute on CPU.
+enum class Bf16Compute {
+  kAutomatic,  ///< `kNative` if the CPU has bf16 dot-product units (avx512_bf16, AMX, Arm bf16), else `kFp32`
+  kNative,     ///< LibTorch's bf16 kernels (what PyTorch's CPU autocast does)
+  kFp32,       ///< activations stored in bf16, GEMMs/convolutions computed in fp32 (fast without bf16 units)
+};
+
+const char* to_string(Bf16Compute compute);
+
+struct AutocastOptions {
+  /// Cache the low-precision copies of fp32 leaf tensors (weights) until the outermost region ends.
+  TORCH_ARG(bool, cache_enabled) = true;
+  /// CPU bf16 only: see Bf16Compute. `automatic` resolves to default_bf16_compute().
+  TORCH_ARG(Bf16Compute, bf16_compute) = Bf16Compute::kAutomatic;
+  /// Run `banned` ops in fp32 instead of raising (apex's allow_banned).
+  TORCH_ARG(bool, allow_banned) = false;
+};
+
+/// RAII autocast region. Nests; the destructor restores the previous state (also during exception
+/// unwinding) and clears the cast caches when the outermost region on this thread exits.
+/// `enabled = false` disables autocast inside an enclosing region (custom FP32 sections).
+/// Autocast state is thread local, as in PyTorch. Run backward outside the region.
+class autocast {
+ public:
+  autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled = true);
+  autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled,
+           const AutocastOptions& options);
+  ~autocast();
+  autocast(const autocast&) = delete;
+  autocast& operator=(const autocast&) = delete;
+  autocast(autocast&&) = delete;
+  autocast& operator=(autocast&&) = delete;
+
+ private:
+  struct Saved {
+    bool libtorch_enabled = false;
+    c10::ScalarType libtorch_dtype = c10::ScalarType::BFloat16;
+    bool libtorch_cache_enabled = true;
+    bool active = false;
+    c10::ScalarType dtype = c10::ScalarType::BFloat16;
+    Bf16Compute bf16_compute = Bf16Compute::kNative;
+    bool allow_banned = false;
+  };
+  c10::DeviceType device_type_;
+  Saved saved_;
+};
+
+/// Is an autocast region (ampp's or LibTorch's own flag) active for `device_type` on this thread?
+bool is_autocast_enabled(c10::DeviceType device_type = c10::DeviceType::CPU);
+
+/// The dtype lower-precision ops target on this thread: kHalf inside an fp16 (emulated on CPU)
+/// region, else LibTorch's autocast dtype for the device.
+c10::ScalarType autocast_dtype(c10::DeviceType device_type = c10::DeviceType::CPU);
+
+/// True inside a CPU fp16 region: lowered ops produce float32 tensors holding fp16 values.
+bool is_fp16_emulated();
+
+/// The effective Bf16Compute of the current CPU bf16 region (never `automatic`).
+Bf16Compute current_bf16_compute();
+
+/// Process-wide resolution of Bf16Compute::kAutomatic. Initially from the environment variable
+/// AMPP_BF16_COMPUTE (native|fp32), else from the CPU's bf16 units. Setting `automatic` restores that.
+Bf16Compute default_bf16_compute();
+void set_default_bf16_compute(Bf16Compute compute);
+
+/// Drop the cached low-precision weight copies of this thread (done automatically when the
+/// outermost region exits).
+void clear_autocast_cache();
+
+// ---- op policies ------------------------------------------------------------------------------
+// Op names are aten operator names with an optional overload: "softmax", "conv2d.padding",
+// "aten::addmm" ("aten::" optional). A name without overload means the default overload.
+
+/// The policy of `op` for `device_type` (kCPU or kCUDA). Unlisted ops: CastPolicy::kNone.
+CastPolicy policy_of(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
+
+/// All ops with `policy` for `device_type`, sorted ("name" or "name.overload").
+std::vector<std::string> ops_with_policy(CastPolicy policy,
+                                         c10::DeviceType device_type = c10::DeviceType::CPU);
+
+/// Set the policy of any registered out-of-place aten op; takes effect immediately, for all threads.
+/// Throws if the op is not registered or is in-place/out=. CastPolicy::kNone removes it from the lists.
+void register_op_policy(const std::string& op, CastPolicy policy,
+                        c10::DeviceType device_type = c10::DeviceType::CPU);
+
+/// apex's names. "half" means the region's lower-precision dtype (bf16 or fp16).
+void register_half_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
+void register_float_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
+void register_promote_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
+
+/// Restore PyTorch 1.13's default lists for `device_type` (undo all registrations).
+void reset_op_policies(c10::DeviceType device_type = c10::DeviceType::CPU);
+
+}  // namespace ampp

@@ -1,0 +1,179 @@
+#pragma once
+// ampp::GradScaler: PyTorch's dynamic loss scaling (torch.cuda.amp.GradScaler, 1.13 semantics) for
+// LibTorch optimizers, plus the scale policies other frameworks use (static scale, max cap, min floor,
+// hysteresis) as options on the same class. Semantics and decisions: docs/grad_scaler.md.
+//
+//   ampp::GradScaler scaler;                       // 2^16, x2, x0.5, every 2000 clean steps
+//   scaler.scale(loss).backward();
+//   scaler.unscale_(opt);                          // optional: to clip/inspect TRUE gradients
+//   torch::nn::utils::clip_grad_norm_(params, 5.0);
+//   scaler.step(opt);                              // skips opt.step() if any grad is inf/NaN
+//   scaler.update();                               // once per iteration, after every step()
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace ampp {
+
+/// What update() does when a step overflows while the scale already sits at `min_scale`
+/// (and keeps doing so for `min_scale_patience` consecutive overflowing updates).
+enum class MinScaleAction {
+  kError,   ///< throw (DeepSpeed raise_error_at_min_scale=True); state stays consistent, call update() again to go on
+  kWarn,    ///< TORCH_WARN once per streak and keep skipping steps
+  kIgnore,  ///< silently keep skipping steps at the floor
+};
+
+struct GradScalerOptions {
+  // ---- PyTorch (torch.cuda.amp.GradScaler) arguments, same defaults ----
+  /// Initial scale; the live scale is created lazily on the first scale() call.
+  TORCH_ARG(double, init_scale) = 65536.0;
+  /// Multiplier after `growth_interval` consecutive finite steps. Must be > 1.
+  TORCH_ARG(double, growth_factor) = 2.0;
+  /// Multiplier on a step with inf/NaN gradients. Must be < 1 (and > 0 in ampp).
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Consecutive finite steps before growing. Must be >= 1 in ampp (PyTorch does not check).
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  /// false: every method is a pass-through (scale() identity, step() == optimizer.step()).
+  TORCH_ARG(bool, enabled) = true;
+
+  // ---- ampp policies (defaults reproduce PyTorch exactly) ----
+  /// false: static loss scale (apex loss_scale=128.0): the scale stays `init_scale` forever;
+  /// steps with inf/NaN gradients are still skipped and counted.
+  TORCH_ARG(bool, dynamic) = true;
+  /// Growth never takes the scale above this (insightface MaxClipGradScaler, apex max_loss_scale 2^24).
+  /// Default +inf = no cap (PyTorch 1.13: scale can grow to +inf).
+  TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
+  /// Backoff never takes the scale below this (DeepSpeed/apex min_loss_scale). 0 = no floor (PyTorch).
+  TORCH_ARG(double, min_scale) = 0.0;
+  /// Action once `min_scale_patience` consecutive updates overflowed with the scale at the floor.
+  TORCH_ARG(MinScaleAction, at_min_scale) = MinScaleAction::kError;
+  /// Consecutive overflowing updates at the floor that are tolerated before `at_min_scale` fires.
+  /// 1 = DeepSpeed: the first overflow that finds the scale already at min_scale.
+  TORCH_ARG(int64_t, min_scale_patience) = 1;
+  /// Back off only on the N-th overflow (DeepSpeed delayed_shift / Megatron hysteresis). 1 = PyTorch.
+  /// Overflowing steps are always skipped and always reset the growth tracker.
+  TORCH_ARG(int64_t, hysteresis) = 1;
+  /// true: any finite step refills the hysteresis budget, so only N overflows IN A ROW back off
+  /// (DeepSpeed consecutive_hysteresis=True, apex update_scale_hysteresis).
+  /// false: the budget is refilled only when the scale grows (DeepSpeed default, Megatron).
+  TORCH_ARG(bool, consecutive_hysteresis) = true;
+  /// PyTorch rejects fp16 gradients in unscale_ ("Attempting to unscale FP16 gradients.").
+  /// true allows them (apex O3-style pure-fp16 training, where apex only warns).
+  TORCH_ARG(bool, allow_fp16_grads) = false;
+};
+
+/// PyTorch's OptState.
+enum class OptState : int { kReady = 0, kUnscaled = 1, kStepped = 2 };
+
+/// Called on the combined found_inf tensor (float32, 1 element, non-zero = overflow) of one optimizer
+/// inside unscale_, before the skip decision. It may change the flag (all-reduce it, SUM or MAX,
+/// across processes when gradients are unscaled before being reduced: Megatron, sharded optimizers;
+/// DDP does not need it) or only look at it (ampp::initialize records overflows this way).
+using FoundInfHook = std::function<void(torch::Tensor& found_inf)>;
+
+/// state_dict(): PyTorch's keys "scale" (double), "growth_factor" (double), "backoff_factor" (double),
+/// "growth_interval" (int), "_growth_tracker" (int); ampp extras "_ampp_hysteresis_tracker",
+/// "_ampp_skipped_steps", "_ampp_min_scale_overflows" (ints). Empty when disabled.
+/// (std::map rather than c10::Dict, which cannot hold IValue values without a runtime type.)
+using GradScalerStateDict = std::map<std::string, c10::IValue>;
+
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {});
+  /// Copies are independent (the scale and tracker tensors are cloned, not shared); per-iteration
+  /// optimizer stages are copied too.
+  GradScaler(const GradScaler& other);
+  GradScaler& operator=(const GradScaler& other);
+  GradScaler(GradScaler&&) noexcept = default;
+  GradScaler& operator=(GradScaler&&) noexcept = default;
+  ~GradScaler() = default;
+
+  // ---- PyTorch API ----
+  /// Returns `outputs * scale` (out of place). Lazily creates the scale on outputs' device.
+  torch::Tensor scale(const torch::Tensor& outputs);
+  std::vector<torch::Tensor> scale(const std::vector<torch::Tensor>& outputs);
+
+  /// Divides the optimizer's gradients by the scale in place (one fused pass) and records
+  /// whether any is inf/NaN. At most once per optimizer between update() calls.
+  void unscale_(torch::optim::Optimizer& optimizer);
+
+  /// Calls unscale_ if not done, then optimizer.step() unless a gradient was inf/NaN.
+  /// Returns true if optimizer.step() ran. A closure is rejected when enabled (as in PyTorch).
+  bool step(torch::optim::Optimizer& optimizer,
+            torch::optim::Optimizer::LossClosure closure = nullptr);
+
+  /// Adjusts the scale from the overflow results of all optimizers since the last update
+  /// (growth-tracker rule of _amp_update_scale_ plus ampp policies), then resets every optimizer to READY.
+  void update();
+  /// Sets the scale directly (growth tracker untouched, overflow results discarded).
+  void update(double new_scale);
+
+  double get_scale() const;
+  bool is_enabled() const { return options_.enabled(); }
+  double get_growth_factor() const { return options_.growth_factor(); }
+  void set_growth_factor(double v) { options_.growth_factor(v); }    // not re-validated (as PyTorch)
+  double get_backoff_factor() const { return options_.backoff_factor(); }
+  void set_backoff_factor(double v) { options_.backoff_factor(v); }  // not re-validated (as PyTorch)
+  int64_t get_growth_interval() const { return options_.growth_interval(); }
+  void set_growth_interval(int64_t v) { options_.growth_interval(v); }  // not re-validated (as PyTorch)
+  /// PyTorch's _get_growth_tracker(): consecutive finite steps since the last growth/overflow.
+  int64_t get_growth_tracker() const;
+
+  GradScalerStateDict state_dict() const;
+  void load_state_dict(const GradScalerStateDict& state);
+  /// torch::serialize archive form of state_dict() (for torch::save-style checkpoints).
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+  // ---- ampp extras ----
+  const GradScalerOptions& options() const { return options_; }
+  /// Stage of `optimizer` in the current iteration (kReady if never seen).
+  OptState stage(const torch::optim::Optimizer& optimizer) const;
+  /// true if the most recent step() call skipped optimizer.step() because of inf/NaN gradients.
+  bool found_inf_last_step() const { return found_inf_last_step_; }
+  /// Number of optimizer.step() calls skipped since construction (saved in state_dict).
+  int64_t skipped_steps() const { return skipped_steps_; }
+  /// Remaining overflows before the next backoff (== hysteresis when none is pending).
+  int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
+  /// Hook that reduces or observes found_inf inside unscale_ (see FoundInfHook). nullptr removes it.
+  void set_found_inf_hook(FoundInfHook reducer) { found_inf_hook_ = std::move(reducer); }
+
+  /// The live scale tensor (float32, 0-dim), undefined before the first scale() when enabled.
+  const torch::Tensor& scale_tensor() const { return scale_; }
+
+ private:
+  struct PerOptimizerState {
+    OptState stage = OptState::kReady;
+    std::map<std::string, torch::Tensor> found_inf_per_device;  // key: device string
+  };
+
+  void check_scale_growth_tracker(const char* funcname) const;
+  void lazy_init_scale_growth_tracker(const torch::Device& device);
+  PerOptimizerState& state_of(const torch::optim::Optimizer& optimizer);
+
+  GradScalerOptions options_;
+  torch::Tensor scale_;           // float32 0-dim, lazily created
+  torch::Tensor growth_tracker_;  // int32 0-dim, lazily created
+  int64_t init_growth_tracker_ = 0;
+  std::unordered_map<const torch::optim::Optimizer*, PerOptimizerState> per_optimizer_states_;
+
+  FoundInfHook found_inf_hook_;
+  bool found_inf_last_step_ = false;
+  int64_t skipped_steps_ = 0;
+  int64_t hysteresis_tracker_ = 1;
+  int64_t min_scale_overflows_ = 0;  // consecutive overflowing updates that found the scale at the floor
+};
+
+}  // namespace ampp
