@@ -2,6 +2,7 @@
 // the world size (through the store, so a mismatch is an error instead of a hang), then create
 // the backend. All transport is c10d's.
 #include <ampp/dist/process_group.h>
+#include <ampp/util/parse_number.h>
 
 #include <ampp/dist/log.h>
 
@@ -41,17 +42,14 @@ struct Url {
   std::map<std::string, std::string> query;
 };
 
-// Parses an integer setting; `what` names it in the error ("environment variable RANK", ...).
+// An integer setting of at least `min_value`; `what` names it in the error ("environment variable RANK").
 int64_t parse_int(const std::string& what, const std::string& text, int64_t min_value) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  TORCH_CHECK(!text.empty() && end && *end == '\0' && errno == 0,
-              "ampp::dist::init_process_group: ", what, "='", text,
+  const auto v = ampp::parse_int(text);
+  TORCH_CHECK(v, "ampp::dist::init_process_group: ", what, "='", text,
               "' is not an integer. Set it to a whole number >= ", min_value, ".");
-  TORCH_CHECK(v >= min_value, "ampp::dist::init_process_group: ", what, "=", v,
+  TORCH_CHECK(*v >= min_value, "ampp::dist::init_process_group: ", what, "=", *v,
               " is out of range; it must be >= ", min_value, ".");
-  return v;
+  return *v;
 }
 
 const char* getenv_nonempty(const char* name) {
@@ -296,98 +294,138 @@ const ProcessGroup::State& ProcessGroup::state() const {
 
 bool is_backend_available(const std::string& backend) { return backend == "gloo"; }
 
-ProcessGroup init_process_group(const InitOptions& options) {
+namespace {
+
+// Who this process is and where the rendezvous is, from the options, the URL and the environment.
+struct Membership {
+  Url url;
+  int64_t rank = -1;
+  int64_t world = -1;
+  int64_t local_rank = 0;
+  int64_t local_size = 1;
+  std::string master_addr;
+  int master_port = -1;
+  std::string origin;  // how the rendezvous was given, for error messages
+};
+
+void resolve_rank_and_world(const InitOptions& options, Membership& m) {
+  m.rank = options.rank();
+  m.world = options.world_size();
+  auto from_query = [&](const char* key, int64_t& value, int64_t min_value) {
+    if (auto it = m.url.query.find(key); it != m.url.query.end())
+      value = parse_int(fmt::format("{} in '{}'", key, options.init_method()), it->second, min_value);
+  };
+  from_query("rank", m.rank, 0);
+  from_query("world_size", m.world, 1);
+  if (m.url.scheme == "env") {
+    if (m.rank < 0) m.rank = parse_int("environment variable RANK", require_env("RANK"), 0);
+    if (m.world < 0) m.world = parse_int("environment variable WORLD_SIZE", require_env("WORLD_SIZE"), 1);
+    m.master_addr = require_env("MASTER_ADDR");
+    m.master_port = static_cast<int>(parse_int("environment variable MASTER_PORT", require_env("MASTER_PORT"), 0));
+    m.origin = fmt::format("env:// MASTER_ADDR={} MASTER_PORT={}", m.master_addr, m.master_port);
+  } else {
+    TORCH_CHECK(m.rank >= 0, "ampp::dist::init_process_group(", m.url.scheme,
+                "://): rank parameter missing. Pass InitOptions().rank(r) or append ?rank=r to the URL.");
+    TORCH_CHECK(m.world >= 1, "ampp::dist::init_process_group(", m.url.scheme,
+                "://): world size parameter missing. Pass InitOptions().world_size(w) or append ?world_size=w.");
+    m.master_addr = m.url.host;
+    m.master_port = m.url.port;
+    m.origin = options.init_method();
+  }
+  TORCH_CHECK(m.rank < m.world, "ampp::dist::init_process_group: rank ", m.rank, " is out of range for world_size ",
+              m.world, "; ranks are 0..", m.world - 1, ". Fix RANK/WORLD_SIZE (or the rank/world_size options).");
+}
+
+// LOCAL_RANK / LOCAL_WORLD_SIZE (torchrun sets both); without them assume one node.
+void resolve_local_rank(Membership& m) {
+  m.local_rank = m.rank;
+  m.local_size = m.world;
+  if (const char* v = getenv_nonempty("LOCAL_RANK")) m.local_rank = parse_int("environment variable LOCAL_RANK", v, 0);
+  if (const char* v = getenv_nonempty("LOCAL_WORLD_SIZE"))
+    m.local_size = parse_int("environment variable LOCAL_WORLD_SIZE", v, 1);
+  TORCH_CHECK(m.local_rank < m.local_size, "ampp::dist::init_process_group: LOCAL_RANK=", m.local_rank,
+              " is out of range for LOCAL_WORLD_SIZE=", m.local_size, ". Fix the launcher environment.");
+}
+
+Membership resolve_membership(const InitOptions& options) {
+  Membership m;
+  m.url = parse_url(options.init_method());
+  resolve_rank_and_world(options, m);
+  resolve_local_rank(m);
+  return m;
+}
+
+// The rendezvous store (a file or rank 0's TCP store) and the local address that reaches the master.
+c10::intrusive_ptr<c10d::Store> open_store(const Membership& m, std::chrono::milliseconds timeout,
+                                           std::string& device_address) {
+  c10::intrusive_ptr<c10d::Store> store;
+  if (m.url.scheme == "file") {
+    try {
+      store = c10::make_intrusive<c10d::FileStore>(m.url.path, static_cast<int>(m.world));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "ampp::dist::init_process_group: cannot open the rendezvous file '", m.url.path,
+                  "'. Use a path in a writable directory visible to every rank. c10d said: ", e.what());
+    }
+    store->setTimeout(timeout);
+    return store;
+  }
+  store = make_tcp_store(m.master_addr, m.master_port, static_cast<int>(m.rank), timeout, m.origin);
+  device_address = local_address_towards(m.master_addr, m.master_port);
+  return store;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> connect_backend(const InitOptions& options, const Membership& m,
+                                                       const c10::intrusive_ptr<c10d::Store>& store,
+                                                       const std::string& device_address) {
+  std::string interface = options.interface();
+  if (interface.empty())
+    if (const char* v = getenv_nonempty("GLOO_SOCKET_IFNAME")) interface = v;
+  auto backend_store = c10::make_intrusive<c10d::PrefixStore>("ampp/pg/default", store);
+  try {
+    return make_backend(options.backend(), backend_store, static_cast<int>(m.rank), static_cast<int>(m.world),
+                        options.timeout(), device_address, interface);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", m.rank, " could not connect the ", options.backend(),
+                " backend to its peers within ", seconds(options.timeout()), " (address ",
+                device_address.empty() ? std::string("default") : device_address,
+                "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ",
+                e.what());
+  }
+}
+
+void check_init_options(const InitOptions& options) {
   if (options.set_default()) {
     std::lock_guard<std::mutex> lock(g_mutex);
     TORCH_CHECK(!g_default, "ampp::dist::init_process_group: trying to initialize the default process group "
                 "twice! Call it once per process (or destroy_process_group() first).");
   }
-  const auto timeout = options.timeout();
-  TORCH_CHECK(timeout.count() > 0, "ampp::dist::init_process_group: timeout must be positive (got ",
-              timeout.count(), " ms); the default is 30 minutes.");
-  if (!is_backend_available(options.backend())) make_backend(options.backend(), {}, 0, 1, timeout, "", "");
+  TORCH_CHECK(options.timeout().count() > 0, "ampp::dist::init_process_group: timeout must be positive (got ",
+              options.timeout().count(), " ms); the default is 30 minutes.");
+  if (!is_backend_available(options.backend())) make_backend(options.backend(), {}, 0, 1, options.timeout(), "", "");
+}
 
-  const Url url = parse_url(options.init_method());
-  int64_t rank = options.rank(), world = options.world_size();
-  auto from_query = [&](const char* key, int64_t& value, int64_t min_value) {
-    if (auto it = url.query.find(key); it != url.query.end())
-      value = parse_int(fmt::format("{} in '{}'", key, options.init_method()), it->second, min_value);
-  };
-  from_query("rank", rank, 0);
-  from_query("world_size", world, 1);
+}  // namespace
 
-  std::string master_addr;
-  int master_port = -1;
-  std::string origin;
-  if (url.scheme == "env") {
-    if (rank < 0) rank = parse_int("environment variable RANK", require_env("RANK"), 0);
-    if (world < 0) world = parse_int("environment variable WORLD_SIZE", require_env("WORLD_SIZE"), 1);
-    master_addr = require_env("MASTER_ADDR");
-    master_port = static_cast<int>(parse_int("environment variable MASTER_PORT", require_env("MASTER_PORT"), 0));
-    origin = fmt::format("env:// MASTER_ADDR={} MASTER_PORT={}", master_addr, master_port);
-  } else {
-    TORCH_CHECK(rank >= 0, "ampp::dist::init_process_group(", url.scheme,
-                "://): rank parameter missing. Pass InitOptions().rank(r) or append ?rank=r to the URL.");
-    TORCH_CHECK(world >= 1, "ampp::dist::init_process_group(", url.scheme,
-                "://): world size parameter missing. Pass InitOptions().world_size(w) or append ?world_size=w.");
-    master_addr = url.host;
-    master_port = url.port;
-    origin = options.init_method();
-  }
-  TORCH_CHECK(rank < world, "ampp::dist::init_process_group: rank ", rank, " is out of range for world_size ", world,
-              "; ranks are 0..", world - 1, ". Fix RANK/WORLD_SIZE (or the rank/world_size options).");
-
-  // LOCAL_RANK / LOCAL_WORLD_SIZE (torchrun sets both); without them assume one node.
-  int64_t local_rank = rank, local_size = world;
-  if (const char* v = getenv_nonempty("LOCAL_RANK")) local_rank = parse_int("environment variable LOCAL_RANK", v, 0);
-  if (const char* v = getenv_nonempty("LOCAL_WORLD_SIZE"))
-    local_size = parse_int("environment variable LOCAL_WORLD_SIZE", v, 1);
-  TORCH_CHECK(local_rank < local_size, "ampp::dist::init_process_group: LOCAL_RANK=", local_rank,
-              " is out of range for LOCAL_WORLD_SIZE=", local_size, ". Fix the launcher environment.");
-
-  c10::intrusive_ptr<c10d::Store> store;
+// resolve who and where -> rendezvous store -> every rank present -> backend connected.
+ProcessGroup init_process_group(const InitOptions& options) {
+  check_init_options(options);
+  const Membership m = resolve_membership(options);
   std::string device_address;
-  if (url.scheme == "file") {
-    try {
-      store = c10::make_intrusive<c10d::FileStore>(url.path, static_cast<int>(world));
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "ampp::dist::init_process_group: cannot open the rendezvous file '", url.path,
-                  "'. Use a path in a writable directory visible to every rank. c10d said: ", e.what());
-    }
-    store->setTimeout(timeout);
-  } else {
-    store = make_tcp_store(master_addr, master_port, static_cast<int>(rank), timeout, origin);
-    device_address = local_address_towards(master_addr, master_port);
-  }
-  check_membership(*store, static_cast<int>(rank), static_cast<int>(world), timeout);
-
-  std::string interface = options.interface();
-  if (interface.empty())
-    if (const char* v = getenv_nonempty("GLOO_SOCKET_IFNAME")) interface = v;
-  auto backend_store = c10::make_intrusive<c10d::PrefixStore>("ampp/pg/default", store);
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
-  try {
-    pg = make_backend(options.backend(), backend_store, static_cast<int>(rank), static_cast<int>(world), timeout,
-                      device_address, interface);
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " could not connect the ", options.backend(),
-                " backend to its peers within ", seconds(timeout), " (address ",
-                device_address.empty() ? std::string("default") : device_address,
-                "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ",
-                e.what());
-  }
+  auto store = open_store(m, options.timeout(), device_address);
+  check_membership(*store, static_cast<int>(m.rank), static_cast<int>(m.world), options.timeout());
+  auto pg = connect_backend(options, m, store, device_address);
 
   auto state = std::make_shared<ProcessGroup::State>();
   state->pg = pg;
   state->store = store;
   state->backend = options.backend();
-  state->rank = static_cast<int>(rank);
-  state->size = static_cast<int>(world);
-  state->local_rank = static_cast<int>(local_rank);
-  state->local_size = static_cast<int>(local_size);
-  state->timeout = timeout;
+  state->rank = static_cast<int>(m.rank);
+  state->size = static_cast<int>(m.world);
+  state->local_rank = static_cast<int>(m.local_rank);
+  state->local_size = static_cast<int>(m.local_size);
+  state->timeout = options.timeout();
   ProcessGroup group(std::move(state));
   set_log_rank(group.rank());
   log_info("process group ready: backend={} rank={}/{} init_method={}", group.backend(), group.rank(), group.size(),
