@@ -1,6 +1,8 @@
 // `ampp run`: torchrun-compatible launcher (static rendezvous), see docs/launcher.md.
 //   ampp run --nproc-per-node 2 -- ./train --epochs 3
 #include <algorithm>
+#include <climits>
+#include <map>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -11,6 +13,7 @@
 #include <torch/cuda.h>
 
 #include <ampp/dist/launcher.h>
+#include <ampp/util/parse_number.h>
 #include <ampp/util/threads.h>
 
 #include "command_registry.h"
@@ -32,16 +35,13 @@ struct RunArgs {
   bool quiet = false;
 };
 
+// LaunchOptions fields whose torchrun flag has another name.
+const std::map<std::string, std::string> kRenamedFields = {{"run_id", "--rdzv-id"}};
+
 int parse_int(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  int value = 0;
-  try {
-    value = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TORCH_CHECK(used == text.size() && !text.empty(), flag, " expects an integer, got '", text, "'");
-  return value;
+  const auto value = ampp::parse_int(text);
+  TORCH_CHECK(value && *value >= INT_MIN && *value <= INT_MAX, flag, " expects an integer, got '", text, "'");
+  return static_cast<int>(*value);
 }
 
 // torchrun: an integer, "cpu" (cores), "gpu" (CUDA devices) or "auto" (gpu if any, else cpu).
@@ -149,10 +149,12 @@ const bool registered = ampp::cli::register_command(
            return run(*args, std::move(argv));
          } catch (const c10::Error& e) {
            // Without LibTorch's C++ backtrace: these are user errors.
-           std::cerr << "ampp run: error: " << e.what_without_backtrace() << "\n";
+           std::cerr << "ampp run: error: " << ampp::cli::flag_names(e.what_without_backtrace(), kRenamedFields)
+                     << "\n";
            return 2;
          }
        };
-     }});
+     },
+     kRenamedFields});
 
 }  // namespace

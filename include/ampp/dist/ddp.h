@@ -17,6 +17,27 @@
 
 namespace ampp::dist {
 
+// PyTorch's kDefaultFirstBucketBytes (dist._DEFAULT_FIRST_BUCKET_BYTES).
+inline constexpr int64_t kDefaultFirstBucketBytes = 1 << 20;
+
+struct DistributedDataParallelOptions {
+  // Re-broadcast rank 0's buffers (e.g. BatchNorm running stats) before each forward.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  // Bucket size cap in MiB (PyTorch: 25).
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // Cap of the first bucket to be reduced (holding the last-used parameters), so communication
+  // starts early in backward (PyTorch: 1 MiB).
+  TORCH_ARG(int64_t, first_bucket_bytes) = kDefaultFirstBucketBytes;
+  // Traverse the autograd graph after each forward and treat parameters that did not take part as
+  // ready (zero contribution). Without it an unused parameter is an error at the next forward.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  // Make each parameter's .grad a slot of its bucket (PyTorch's gradient_as_bucket_view): backward
+  // accumulates straight into the buckets, so the copies into and out of them and one gradient-sized
+  // buffer go away. Unlike PyTorch's bucket views, the slots are not autograd views, so
+  // Optimizer::zero_grad() and Module::zero_grad() keep working on them.
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+};
+
 namespace detail {
 // Output tensors of forward, so find_unused_parameters can walk the graph from them.
 inline void collect_tensors(const torch::Tensor& t, std::vector<torch::Tensor>& out) { out.push_back(t); }

@@ -220,7 +220,6 @@ std::vector<std::string> worker_env(const Plan& plan, int local_rank, int restar
 struct Worker {
   int local_rank = 0;
   int rank = 0;
-  detail::Child child;
   std::optional<LineStream> out, err;
 };
 
@@ -259,165 +258,150 @@ void say(const LaunchOptions& o, const std::string& message) {
   ::_exit(127);
 }
 
-AttemptResult run_attempt(const Plan& plan, int restart_count, const SignalRelay& signals) {
-  const LaunchOptions& o = plan.options;
-  const pid_t launcher = ::getpid();
-  std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node()));
-  std::vector<detail::Child> children;  // mirror of workers[i].child for the group helpers
-  auto sync_children = [&] {
-    children.clear();
-    for (const auto& w : workers) children.push_back(w.child);
-  };
-  auto sync_back = [&] {
-    for (size_t i = 0; i < workers.size(); ++i) workers[i].child = children[i];
-  };
-
-  for (int i = 0; i < o.nproc_per_node(); ++i) {
-    Worker& w = workers[static_cast<size_t>(i)];
-    w.local_rank = i;
-    w.rank = o.node_rank() * o.nproc_per_node() + i;
-    const std::vector<std::string> env = worker_env(plan, i, restart_count);
-    int out[2], err[2];
-    TORCH_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0,
-                "launch: cannot create pipes: ", std::strerror(errno));
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      detail::become_worker_process(launcher, SIGKILL);
-      exec_worker(plan, env, out[1], err[1]);  // dup2 clears CLOEXEC on fds 1 and 2 only
-    }
-    ::close(out[1]);
-    ::close(err[1]);
-    if (pid < 0) {
-      const int e = errno;
-      ::close(out[0]);
-      ::close(err[0]);
-      sync_children();
-      detail::signal_groups(children, SIGKILL);
-      detail::wait_or_kill(children, std::chrono::milliseconds(0));
-      TORCH_CHECK(false, "launch: fork() failed for local rank ", i, ": ", std::strerror(e));
-    }
-    ::setpgid(pid, pid);
-    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
-    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
-    const std::string prefix = o.prefix_output() ? fmt::format("[rank{}]: ", w.rank) : "";
-    w.child.pid = pid;
-    w.out.emplace(out[0], STDOUT_FILENO, prefix);
-    w.err.emplace(err[0], STDERR_FILENO, prefix);
-  }
-
+// One attempt's workers: their output streams, the processes (children[i] is workers[i]) and how
+// far the teardown has got.
+struct Attempt {
+  std::vector<Worker> workers;
+  std::vector<detail::Child> children;
   AttemptResult result;
   std::optional<Clock::time_point> kill_at;  // set once the teardown has started
   bool killed = false;
-  auto start_teardown = [&](int sig) {
-    sync_children();
+
+  void start_teardown(int sig, std::chrono::milliseconds grace) {
     detail::signal_groups(children, sig);
-    if (!kill_at) kill_at = Clock::now() + o.shutdown_grace();
-  };
-
-  while (true) {
-    std::vector<pollfd> polls{{signals.fd(), POLLIN, 0}};
-    for (const auto& w : workers) {
-      if (w.out->open()) polls.push_back({w.out->fd(), POLLIN, 0});
-      if (w.err->open()) polls.push_back({w.err->fd(), POLLIN, 0});
-    }
-    ::poll(polls.data(), polls.size(), 50);
-
-    if (const int sig = signals.take(); sig != 0) {
-      if (result.interrupted_by == 0) {
-        result.interrupted_by = sig;
-        say(o, fmt::format("received {}; forwarding it to the workers",
-                           detail::signal_name(sig)));
-      }
-      start_teardown(sig);
-    }
-    for (auto& w : workers) {
-      w.out->pump();
-      w.err->pump();
-    }
-    sync_children();
-    for (int i : detail::reap_exited(children)) {
-      const detail::Child& c = children[static_cast<size_t>(i)];
-      if (c.status == 0 || result.failed >= 0 || result.interrupted_by != 0 || kill_at) continue;
-      result.failed = i;
-      result.failed_status = c.status;
-      result.failed_pid = c.pid;
-      say(o, fmt::format("worker rank {} (local rank {}, pid {}) failed with {}; stopping the "
-                         "other workers",
-                         workers[static_cast<size_t>(i)].rank, i, c.pid,
-                         detail::describe_wait_status(c.status)));
-      detail::signal_groups(children, SIGTERM);
-      kill_at = Clock::now() + o.shutdown_grace();
-    }
-    sync_back();
-    const bool all_done = std::none_of(children.begin(), children.end(),
-                                       [](const detail::Child& c) { return c.running; });
-    if (all_done) break;
-    if (kill_at && !killed && Clock::now() >= *kill_at) {
-      say(o, fmt::format("workers still running {} ms after the stop signal; sending SIGKILL",
-                         o.shutdown_grace().count()));
-      detail::signal_groups(children, SIGKILL);
-      killed = true;
-    }
+    if (!kill_at) kill_at = Clock::now() + grace;
   }
+  bool all_done() const {
+    return std::none_of(children.begin(), children.end(), [](const detail::Child& c) { return c.running; });
+  }
+};
 
+void start_worker(const Plan& plan, int local_rank, int restart_count, pid_t launcher, Attempt& attempt) {
+  const LaunchOptions& o = plan.options;
+  Worker& w = attempt.workers[static_cast<size_t>(local_rank)];
+  w.local_rank = local_rank;
+  w.rank = o.node_rank() * o.nproc_per_node() + local_rank;
+  const std::vector<std::string> env = worker_env(plan, local_rank, restart_count);
+  int out[2], err[2];
+  TORCH_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "launch: cannot create pipes: ",
+              std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    detail::become_worker_process(launcher, SIGKILL);
+    exec_worker(plan, env, out[1], err[1]);  // dup2 clears CLOEXEC on fds 1 and 2 only
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  if (pid < 0) {
+    const int e = errno;
+    ::close(out[0]);
+    ::close(err[0]);
+    detail::signal_groups(attempt.children, SIGKILL);
+    detail::wait_or_kill(attempt.children, std::chrono::milliseconds(0));
+    TORCH_CHECK(false, "launch: fork() failed for local rank ", local_rank, ": ", std::strerror(e));
+  }
+  ::setpgid(pid, pid);
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+  const std::string prefix = o.prefix_output() ? fmt::format("[rank{}]: ", w.rank) : "";
+  attempt.children[static_cast<size_t>(local_rank)].pid = pid;
+  w.out.emplace(out[0], STDOUT_FILENO, prefix);
+  w.err.emplace(err[0], STDERR_FILENO, prefix);
+}
+
+// Waits up to 50 ms for output or a signal; copies the output and forwards the signal.
+void pump_once(const LaunchOptions& o, const SignalRelay& signals, Attempt& attempt) {
+  std::vector<pollfd> polls{{signals.fd(), POLLIN, 0}};
+  for (const auto& w : attempt.workers) {
+    if (w.out->open()) polls.push_back({w.out->fd(), POLLIN, 0});
+    if (w.err->open()) polls.push_back({w.err->fd(), POLLIN, 0});
+  }
+  ::poll(polls.data(), polls.size(), 50);
+  if (const int sig = signals.take(); sig != 0) {
+    if (attempt.result.interrupted_by == 0) {
+      attempt.result.interrupted_by = sig;
+      say(o, fmt::format("received {}; forwarding it to the workers", detail::signal_name(sig)));
+    }
+    attempt.start_teardown(sig, o.shutdown_grace());
+  }
+  for (auto& w : attempt.workers) {
+    w.out->pump();
+    w.err->pump();
+  }
+}
+
+// Reaps exited workers; the first failure (before any teardown) stops the others.
+void reap_workers(const LaunchOptions& o, Attempt& attempt) {
+  AttemptResult& result = attempt.result;
+  for (int i : detail::reap_exited(attempt.children)) {
+    const detail::Child& c = attempt.children[static_cast<size_t>(i)];
+    if (c.status == 0 || result.failed >= 0 || result.interrupted_by != 0 || attempt.kill_at) continue;
+    result.failed = i;
+    result.failed_status = c.status;
+    result.failed_pid = c.pid;
+    say(o, fmt::format("worker rank {} (local rank {}, pid {}) failed with {}; stopping the other workers",
+                       attempt.workers[static_cast<size_t>(i)].rank, i, c.pid, detail::describe_wait_status(c.status)));
+    attempt.start_teardown(SIGTERM, o.shutdown_grace());
+  }
+  if (attempt.kill_at && !attempt.killed && !attempt.all_done() && Clock::now() >= *attempt.kill_at) {
+    say(o, fmt::format("workers still running {} ms after the stop signal; sending SIGKILL",
+                       o.shutdown_grace().count()));
+    detail::signal_groups(attempt.children, SIGKILL);
+    attempt.killed = true;
+  }
+}
+
+AttemptResult run_attempt(const Plan& plan, int restart_count, const SignalRelay& signals) {
+  const LaunchOptions& o = plan.options;
+  const pid_t launcher = ::getpid();
+  Attempt attempt;
+  attempt.workers.resize(static_cast<size_t>(o.nproc_per_node()));
+  attempt.children.resize(static_cast<size_t>(o.nproc_per_node()));
+  for (int i = 0; i < o.nproc_per_node(); ++i) start_worker(plan, i, restart_count, launcher, attempt);
+  while (!attempt.all_done()) {
+    pump_once(o, signals, attempt);
+    reap_workers(o, attempt);
+  }
   // Every worker is reaped: print what is left in the pipes. Descendants of a worker may still
   // hold a pipe open; we do not wait for them.
-  for (auto& w : workers) {
+  for (auto& w : attempt.workers) {
     w.out->pump();
     w.err->pump();
     w.out->close();
     w.err->close();
   }
-  if (result.failed >= 0 || result.interrupted_by != 0) {
-    sync_children();
-    detail::signal_groups(children, SIGKILL);  // leftover descendants of the workers
-  }
-  return result;
+  if (attempt.result.failed >= 0 || attempt.result.interrupted_by != 0)
+    detail::signal_groups(attempt.children, SIGKILL);  // leftover descendants of the workers
+  return attempt.result;
 }
 
 }  // namespace
 
 void validate(const LaunchOptions& o) {
-  TORCH_CHECK(o.nproc_per_node() >= 1, "--nproc-per-node must be >= 1 (got ", o.nproc_per_node(),
-              "): it is the number of worker processes to start on this node, e.g. "
-              "--nproc-per-node 2");
-  TORCH_CHECK(o.nnodes() >= 1, "--nnodes must be >= 1 (got ", o.nnodes(),
+  TORCH_CHECK(o.nproc_per_node() >= 1, "LaunchOptions::nproc_per_node must be >= 1 (got ", o.nproc_per_node(),
+              "): it is the number of worker processes to start on this node, e.g. 2");
+  TORCH_CHECK(o.nnodes() >= 1, "LaunchOptions::nnodes must be >= 1 (got ", o.nnodes(),
               "): it is the number of nodes (machines) in the job");
-  TORCH_CHECK(o.node_rank() >= 0 && o.node_rank() < o.nnodes(), "--node-rank ", o.node_rank(),
-              " is out of range for --nnodes ", o.nnodes(), ": give each node a distinct rank in 0..",
+  TORCH_CHECK(o.node_rank() >= 0 && o.node_rank() < o.nnodes(), "LaunchOptions::node_rank ", o.node_rank(),
+              " is out of range for LaunchOptions::nnodes ", o.nnodes(), ": give each node a distinct rank in 0..",
               o.nnodes() - 1);
-  TORCH_CHECK(o.master_port() >= 0 && o.master_port() <= 65535, "--master-port ", o.master_port(),
-              " is out of range: use a TCP port in 1..65535 (on a single node, omit it to pick a "
-              "free one)");
+  TORCH_CHECK(o.master_port() >= 0 && o.master_port() <= 65535, "LaunchOptions::master_port ", o.master_port(),
+              " is out of range: use a TCP port in 1..65535 (on a single node, omit it to pick a free one)");
   TORCH_CHECK(!o.master_addr().empty(),
-              "--master-addr is empty: give the address of the node with --node-rank 0");
-  TORCH_CHECK(o.max_restarts() >= 0, "--max-restarts must be >= 0 (got ", o.max_restarts(), ")");
+              "LaunchOptions::master_addr is empty: give the address of the node with node rank 0");
+  TORCH_CHECK(o.max_restarts() >= 0, "LaunchOptions::max_restarts must be >= 0 (got ", o.max_restarts(), ")");
   TORCH_CHECK(o.shutdown_grace().count() >= 0, "the shutdown grace period must be >= 0 (got ",
               o.shutdown_grace().count(), " ms)");
   TORCH_CHECK(static_cast<long long>(o.nproc_per_node()) * o.nnodes() <= 1 << 24,
-              "--nproc-per-node x --nnodes is implausibly large (", o.nproc_per_node(), " x ",
-              o.nnodes(), ")");
+              "LaunchOptions::nproc_per_node x LaunchOptions::nnodes is implausibly large (", o.nproc_per_node(),
+              " x ", o.nnodes(), ")");
 }
 
-int launch(const LaunchOptions& options, std::vector<std::string> argv) {
-  validate(options);
-  TORCH_CHECK(!argv.empty() && !argv[0].empty(),
-              "no program given; usage: ampp run [options] -- <program> [args...]");
-  if (ends_with(argv[0], ".py")) {  // torchrun runs scripts as `python -u script args...`
-    const char* python = std::getenv("PYTHON_EXEC");
-    argv.insert(argv.begin(), {python != nullptr && *python != '\0' ? python : "python3", "-u"});
-  }
-  check_program(argv[0]);
+namespace {
 
-  Plan plan;
-  plan.options = options;
-  plan.argv = std::move(argv);
-  plan.world_size = options.nproc_per_node() * options.nnodes();
-  // Without a port: a free one on a single node; torchrun's fixed default when other nodes must
-  // agree on it.
-  plan.port = options.master_port() != 0 ? options.master_port()
-              : options.nnodes() == 1   ? detail::find_free_port()
-                                        : kDefaultMultiNodePort;
+// The environment every worker starts from: the launcher's own plus torchrun's variables.
+void set_worker_environment(Plan& plan) {
+  const LaunchOptions& options = plan.options;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string entry = *e;
     const size_t eq = entry.find('=');
@@ -439,56 +423,74 @@ int launch(const LaunchOptions& options, std::vector<std::string> argv) {
   const int threads = ampp::threads_per_worker(options.nproc_per_node());
   std::vector<std::string> set_threads;
   for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-    if (env.emplace(name, std::to_string(threads)).second) {
-      set_threads.push_back(fmt::format("{}={}", name, threads));
-    }
+    if (env.emplace(name, std::to_string(threads)).second) set_threads.push_back(fmt::format("{}={}", name, threads));
   }
   if (!set_threads.empty()) {
-    say(options, fmt::format("setting {} for each worker ({} usable cores / {} workers on this "
-                             "node) so the workers do not oversubscribe the cores; set it in the "
-                             "environment to override",
-                             fmt::join(set_threads, " and "), ampp::usable_cores(),
-                             options.nproc_per_node()));
+    say(options, fmt::format("setting {} for each worker ({} usable cores / {} workers on this node) so the "
+                             "workers do not oversubscribe the cores; set it in the environment to override",
+                             fmt::join(set_threads, " and "), ampp::usable_cores(), options.nproc_per_node()));
   }
+}
 
-  SignalRelay signals;
-  for (int attempt = 0; attempt <= options.max_restarts(); ++attempt) {
-    say(options, fmt::format("starting {} worker{} on node {}/{} (world size {}, master {}:{}, "
-                             "restart {}/{}): {}",
-                             options.nproc_per_node(), options.nproc_per_node() > 1 ? "s" : "",
-                             options.node_rank(), options.nnodes(), plan.world_size,
-                             options.master_addr(), plan.port, attempt, options.max_restarts(),
-                             fmt::join(plan.argv, " ")));
-    const AttemptResult r = run_attempt(plan, attempt, signals);
-    if (r.interrupted_by != 0) {
-      write_fully(STDERR_FILENO,
-                  fmt::format("ampp run: stopped by {}; all workers terminated\n",
-                              detail::signal_name(r.interrupted_by)));
-      return 128 + r.interrupted_by;
-    }
-    if (r.failed < 0) {
-      say(options, "all workers finished successfully");
-      return 0;
-    }
-    const int rank = options.node_rank() * options.nproc_per_node() + r.failed;
-    const std::string cause = fmt::format(
-        "worker rank {} (local rank {}, pid {}) failed with {}", rank, r.failed, r.failed_pid,
-        detail::describe_wait_status(r.failed_status));
-    const int left = options.max_restarts() - attempt;
-    if (left > 0) {
-      say(options, fmt::format("worker group FAILED: {}; {}/{} restarts left, restarting the "
-                               "worker group",
-                               cause, left, options.max_restarts()));
-      continue;
-    }
-    write_fully(STDERR_FILENO,
-                fmt::format("ampp run: error: {}{}; the worker group was terminated\n", cause,
-                            options.max_restarts() > 0
-                                ? fmt::format(" (after {} restarts)", options.max_restarts())
-                                : ""));
-    return 1;
+Plan make_plan(const LaunchOptions& options, std::vector<std::string> argv) {
+  TORCH_CHECK(!argv.empty() && !argv[0].empty(), "no program given; usage: ampp run [options] -- <program> [args...]");
+  if (ends_with(argv[0], ".py")) {  // torchrun runs scripts as `python -u script args...`
+    const char* python = std::getenv("PYTHON_EXEC");
+    argv.insert(argv.begin(), {python != nullptr && *python != '\0' ? python : "python3", "-u"});
   }
-  return 1;  // unreachable: the loop returns on every path of its last iteration
+  check_program(argv[0]);
+  Plan plan;
+  plan.options = options;
+  plan.argv = std::move(argv);
+  plan.world_size = options.nproc_per_node() * options.nnodes();
+  // Without a port: a free one on a single node; torchrun's fixed default when other nodes must
+  // agree on it.
+  plan.port = options.master_port() != 0 ? options.master_port()
+              : options.nnodes() == 1   ? detail::find_free_port()
+                                        : kDefaultMultiNodePort;
+  set_worker_environment(plan);
+  return plan;
+}
+
+// What an attempt's end means for the job: an exit code, or nullopt to restart the worker group.
+std::optional<int> attempt_outcome(const LaunchOptions& options, const AttemptResult& r, int attempt) {
+  if (r.interrupted_by != 0) {
+    write_fully(STDERR_FILENO, fmt::format("ampp run: stopped by {}; all workers terminated\n",
+                                           detail::signal_name(r.interrupted_by)));
+    return 128 + r.interrupted_by;
+  }
+  if (r.failed < 0) {
+    say(options, "all workers finished successfully");
+    return 0;
+  }
+  const int rank = options.node_rank() * options.nproc_per_node() + r.failed;
+  const std::string cause = fmt::format("worker rank {} (local rank {}, pid {}) failed with {}", rank, r.failed,
+                                        r.failed_pid, detail::describe_wait_status(r.failed_status));
+  const int left = options.max_restarts() - attempt;
+  if (left > 0) {
+    say(options, fmt::format("worker group FAILED: {}; {}/{} restarts left, restarting the worker group", cause, left,
+                             options.max_restarts()));
+    return std::nullopt;
+  }
+  write_fully(STDERR_FILENO,
+              fmt::format("ampp run: error: {}{}; the worker group was terminated\n", cause,
+                          options.max_restarts() > 0 ? fmt::format(" (after {} restarts)", options.max_restarts()) : ""));
+  return 1;
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& options, std::vector<std::string> argv) {
+  validate(options);
+  const Plan plan = make_plan(options, std::move(argv));
+  SignalRelay signals;
+  for (int attempt = 0;; ++attempt) {
+    say(options, fmt::format("starting {} worker{} on node {}/{} (world size {}, master {}:{}, restart {}/{}): {}",
+                             options.nproc_per_node(), options.nproc_per_node() > 1 ? "s" : "", options.node_rank(),
+                             options.nnodes(), plan.world_size, options.master_addr(), plan.port, attempt,
+                             options.max_restarts(), fmt::join(plan.argv, " ")));
+    if (const auto code = attempt_outcome(options, run_attempt(plan, attempt, signals), attempt)) return *code;
+  }
 }
 
 }  // namespace ampp::dist

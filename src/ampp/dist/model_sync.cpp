@@ -1,4 +1,6 @@
-// Start-of-training agreement between ranks: same model everywhere, rank 0's values everywhere.
+// broadcast_coalesced: rank 0's parameter and buffer values to every rank, packed by dtype into flat
+// chunks (DDP's start of training and broadcast_buffers). That every rank holds the same model is
+// checked before, by verify_same_model in reducer.cpp.
 #include <ampp/dist/reducer.h>
 
 #include <torch/torch.h>

@@ -8,6 +8,7 @@
 //            backward. After the last bucket, a callback queued on the autograd engine waits for
 //            all of them when the graph finishes and writes the averaged gradients back, so the
 //            optimizer sees them as soon as backward() returns.
+#include <ampp/dist/ddp.h>
 #include <ampp/dist/reducer.h>
 
 #include <ampp/dist/log.h>
@@ -102,7 +103,6 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::vector<Bucket> buckets;
   std::vector<std::pair<size_t, size_t>> locator;  // param -> (bucket, slot)
   CommHook hook;
-
   bool require_backward_grad_sync = true;
   bool require_forward_param_sync = true;
   // Per iteration.
@@ -116,320 +116,336 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::vector<size_t> ready_order;  // until the rebuild: params in the order their grads became ready
   torch::Tensor local_used;         // int32 per param, allreduced to learn global use
   FuturePtr used_future;
-
   mutable std::mutex timeline_mu;
   IterationTimeline timeline, last_timeline;
 
   // Buckets fill in `order`, which should be the order gradients become ready in backward, so that
   // buckets complete (and start communicating) one after another while backward still runs.
-  std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order) const {
-    const auto cap = static_cast<int64_t>(options.bucket_cap_mb() * 1024.0 * 1024.0);
-    return compute_bucket_assignment_by_size(params, {options.first_bucket_bytes(), cap}, order);
-  }
-
-  void build_buckets(std::vector<std::vector<size_t>> indices) {
-    bucket_indices = std::move(indices);
-    buckets.clear();
-    locator.assign(params.size(), {0, 0});
-    for (size_t b = 0; b < bucket_indices.size(); ++b) {
-      Bucket bucket;
-      bucket.vars = bucket_indices[b];
-      size_t total = 0;
-      for (size_t v : bucket.vars) {
-        bucket.offsets.push_back(total);
-        bucket.lengths.push_back(static_cast<size_t>(params[v].numel()));
-        total += static_cast<size_t>(params[v].numel());
-      }
-      const auto& first = params[bucket.vars.front()];
-      bucket.contents = torch::empty({static_cast<int64_t>(total)}, first.options().requires_grad(false));
-      for (size_t k = 0; k < bucket.vars.size(); ++k) {
-        bucket.views.push_back(slot_alias(bucket.contents, bucket.offsets[k], params[bucket.vars[k]].sizes()));
-        locator[bucket.vars[k]] = {b, k};
-      }
-      buckets.push_back(std::move(bucket));
-    }
-  }
+  std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order) const;
+  void build_buckets(std::vector<std::vector<size_t>> indices);
 
   // PyTorch's rebuild_buckets: the first synchronised backward records the order gradients became
   // ready; before the next one, buckets are rebuilt in rank 0's order (ranks may see different
   // orders, and all must bucket alike). Once, and not with find_unused_parameters (as PyTorch).
-  void rebuild_buckets_once() {
-    if (has_rebuilt_buckets || options.find_unused_parameters() || ready_order.size() != params.size()) return;
-    has_rebuilt_buckets = true;
-    auto order_tensor = torch::tensor(std::vector<int64_t>(ready_order.begin(), ready_order.end()), torch::kLong);
-    std::vector<torch::Tensor> broadcast{order_tensor};
-    group.c10d()->broadcast(broadcast, c10d::BroadcastOptions{0, 0})->wait();
-    const auto* rank0 = order_tensor.data_ptr<int64_t>();
-    const std::vector<size_t> order(rank0, rank0 + order_tensor.numel());
-    ready_order = {};
-    auto indices = assign_buckets(order);
-    if (indices == bucket_indices) return;
-    // With gradient_as_bucket_view the grads still are slots of the old buckets (which they keep
-    // alive); the next backward copies each into its new slot and re-points it, as after set-to-none.
-    build_buckets(std::move(indices));
-    log_info("DistributedDataParallel: buckets rebuilt in the order gradients became ready: {}",
-             fmt::join(bucket_indices, " "));
-  }
-
-  void install_hooks() {
-    accumulators.assign(params.size(), nullptr);
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(params[i]);
-      TORCH_CHECK(acc, "ampp::dist::DistributedDataParallel: parameter ", names[i],
-                  " has no gradient accumulator (is it a leaf that requires grad?).");
-      install_hook(i, std::move(acc));
-    }
-  }
-
-  void install_hook(size_t i, compat::NodePtr acc) {
-    std::weak_ptr<Impl> weak = shared_from_this();
-    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          if (auto self = weak.lock()) self->autograd_hook(i);
-          return outputs;
-        }));
-    if (accumulators[i]) accumulator_index.erase(accumulators[i].get());
-    accumulator_index[acc.get()] = i;
-    accumulators[i] = std::move(acc);
-  }
+  void rebuild_buckets_once();
+  void install_hooks();
+  void install_hook(size_t i, compat::NodePtr acc);
 
   // LibTorch's Module::load() (and any set_data()) gives a parameter a new gradient accumulator,
   // and the hooks stayed on the old one: the Python habit of wrapping first and loading a
   // checkpoint after would silently stop the reduction. Re-hook whatever accumulator is live.
-  void refresh_hooks() {
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (torch::autograd::impl::try_get_grad_accumulator(params[i]) == accumulators[i]) continue;
-      const auto [b, slot] = locator[i];
-      TORCH_CHECK(params[i].numel() == static_cast<int64_t>(buckets[b].lengths[slot]) &&
-                      params[i].scalar_type() == buckets[b].contents.scalar_type(),
-                  "ampp::dist::DistributedDataParallel: parameter ", names[i], " changed its shape or dtype (now ",
-                  params[i].sizes(), " ", params[i].scalar_type(), ") after DDP was built. Cast or load the model "
-                  "into its final shape and dtype before wrapping it.");
-      install_hook(i, torch::autograd::impl::grad_accumulator(params[i]));
-    }
-  }
+  void refresh_hooks();
+  std::string unreduced_report() const;
+  void ensure_prior_reduction_finished();
+  void prepare_for_backward(const std::vector<torch::Tensor>& outputs);
+  void autograd_hook(size_t i);
+  void mark_variable_ready(size_t i);
+  void mark_bucket_ready();
+  void launch(size_t b);
+  void finalize_backward();
+};
 
-  std::string unreduced_report() const {
-    std::vector<size_t> idx;
-    std::vector<std::string> nm;
-    for (size_t i = 0; i < params.size(); ++i)
-      if (!ready.empty() && !ready[i]) {
-        idx.push_back(i);
-        nm.push_back(names[i]);
-      }
-    return fmt::format("\nParameter indices which did not receive grad for rank {}: {}\nParameters which did not "
-                       "receive grad for rank {}: {}",
-                       group.rank(), fmt::join(idx, " "), group.rank(), fmt::join(nm, ", "));
-  }
+std::vector<std::vector<size_t>> Reducer::Impl::assign_buckets(const std::vector<size_t>& order) const {
+  const auto cap = static_cast<int64_t>(options.bucket_cap_mb() * 1024.0 * 1024.0);
+  return compute_bucket_assignment_by_size(params, {options.first_bucket_bytes(), cap}, order);
+}
 
-  void ensure_prior_reduction_finished() {
-    if (!require_finalize) return;
-    if (options.find_unused_parameters()) {
-      TORCH_CHECK(false, "Expected to have finished reduction in the prior iteration before starting a new one. "
-                  "Since `find_unused_parameters=True` is enabled, this likely means that not all `forward` outputs "
-                  "participate in computing loss. You can fix this by making sure all `forward` function outputs "
-                  "participate in calculating loss (and that backward() ran after each grad-enabled forward).",
-                  unreduced_report());
+void Reducer::Impl::build_buckets(std::vector<std::vector<size_t>> indices) {
+  bucket_indices = std::move(indices);
+  buckets.clear();
+  locator.assign(params.size(), {0, 0});
+  for (size_t b = 0; b < bucket_indices.size(); ++b) {
+    Bucket bucket;
+    bucket.vars = bucket_indices[b];
+    size_t total = 0;
+    for (size_t v : bucket.vars) {
+      bucket.offsets.push_back(total);
+      bucket.lengths.push_back(static_cast<size_t>(params[v].numel()));
+      total += static_cast<size_t>(params[v].numel());
     }
-    TORCH_CHECK(false, "Expected to have finished reduction in the prior iteration before starting a new one. This "
-                "error indicates that your module has parameters that were not used in producing loss. You can "
-                "enable unused parameter detection by passing DistributedDataParallelOptions()"
-                ".find_unused_parameters(true) to ampp::dist::DistributedDataParallel, and by making sure all "
-                "`forward` function outputs participate in calculating loss (and that backward() ran after each "
-                "grad-enabled forward; evaluate under torch::NoGradGuard).",
+    const auto& first = params[bucket.vars.front()];
+    bucket.contents = torch::empty({static_cast<int64_t>(total)}, first.options().requires_grad(false));
+    for (size_t k = 0; k < bucket.vars.size(); ++k) {
+      bucket.views.push_back(slot_alias(bucket.contents, bucket.offsets[k], params[bucket.vars[k]].sizes()));
+      locator[bucket.vars[k]] = {b, k};
+    }
+    buckets.push_back(std::move(bucket));
+  }
+}
+
+void Reducer::Impl::rebuild_buckets_once() {
+  if (has_rebuilt_buckets || options.find_unused_parameters() || ready_order.size() != params.size()) return;
+  has_rebuilt_buckets = true;
+  auto order_tensor = torch::tensor(std::vector<int64_t>(ready_order.begin(), ready_order.end()), torch::kLong);
+  std::vector<torch::Tensor> broadcast{order_tensor};
+  group.c10d()->broadcast(broadcast, c10d::BroadcastOptions{0, 0})->wait();
+  const auto* rank0 = order_tensor.data_ptr<int64_t>();
+  const std::vector<size_t> order(rank0, rank0 + order_tensor.numel());
+  ready_order = {};
+  auto indices = assign_buckets(order);
+  if (indices == bucket_indices) return;
+  // With gradient_as_bucket_view the grads still are slots of the old buckets (which they keep
+  // alive); the next backward copies each into its new slot and re-points it, as after set-to-none.
+  build_buckets(std::move(indices));
+  log_info("DistributedDataParallel: buckets rebuilt in the order gradients became ready: {}",
+           fmt::join(bucket_indices, " "));
+}
+
+void Reducer::Impl::install_hooks() {
+  accumulators.assign(params.size(), nullptr);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params[i]);
+    TORCH_CHECK(acc, "ampp::dist::DistributedDataParallel: parameter ", names[i],
+                " has no gradient accumulator (is it a leaf that requires grad?).");
+    install_hook(i, std::move(acc));
+  }
+}
+
+void Reducer::Impl::install_hook(size_t i, compat::NodePtr acc) {
+  std::weak_ptr<Impl> weak = shared_from_this();
+  acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        if (auto self = weak.lock()) self->autograd_hook(i);
+        return outputs;
+      }));
+  if (accumulators[i]) accumulator_index.erase(accumulators[i].get());
+  accumulator_index[acc.get()] = i;
+  accumulators[i] = std::move(acc);
+}
+
+void Reducer::Impl::refresh_hooks() {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (torch::autograd::impl::try_get_grad_accumulator(params[i]) == accumulators[i]) continue;
+    const auto [b, slot] = locator[i];
+    TORCH_CHECK(params[i].numel() == static_cast<int64_t>(buckets[b].lengths[slot]) &&
+                    params[i].scalar_type() == buckets[b].contents.scalar_type(),
+                "ampp::dist::DistributedDataParallel: parameter ", names[i], " changed its shape or dtype (now ",
+                params[i].sizes(), " ", params[i].scalar_type(), ") after DDP was built. Cast or load the model "
+                "into its final shape and dtype before wrapping it.");
+    install_hook(i, torch::autograd::impl::grad_accumulator(params[i]));
+  }
+}
+
+std::string Reducer::Impl::unreduced_report() const {
+  std::vector<size_t> idx;
+  std::vector<std::string> nm;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!ready.empty() && !ready[i]) {
+      idx.push_back(i);
+      nm.push_back(names[i]);
+    }
+  return fmt::format("\nParameter indices which did not receive grad for rank {}: {}\nParameters which did not "
+                     "receive grad for rank {}: {}",
+                     group.rank(), fmt::join(idx, " "), group.rank(), fmt::join(nm, ", "));
+}
+
+void Reducer::Impl::ensure_prior_reduction_finished() {
+  if (!require_finalize) return;
+  if (options.find_unused_parameters()) {
+    TORCH_CHECK(false, "Expected to have finished reduction in the prior iteration before starting a new one. "
+                "Since `find_unused_parameters=True` is enabled, this likely means that not all `forward` outputs "
+                "participate in computing loss. You can fix this by making sure all `forward` function outputs "
+                "participate in calculating loss (and that backward() ran after each grad-enabled forward).",
                 unreduced_report());
   }
+  TORCH_CHECK(false, "Expected to have finished reduction in the prior iteration before starting a new one. This "
+              "error indicates that your module has parameters that were not used in producing loss. You can "
+              "enable unused parameter detection by passing DistributedDataParallelOptions()"
+              ".find_unused_parameters(true) to ampp::dist::DistributedDataParallel, and by making sure all "
+              "`forward` function outputs participate in calculating loss (and that backward() ran after each "
+              "grad-enabled forward; evaluate under torch::NoGradGuard).",
+              unreduced_report());
+}
 
-  void prepare_for_backward(const std::vector<torch::Tensor>& outputs) {
-    expect_hooks = true;
-    require_finalize = true;
-    first_hook_seen = false;
-    next_bucket = 0;
-    ready.assign(params.size(), 0);
-    if (!has_rebuilt_buckets) ready_order.clear();
-    for (auto& b : buckets) {
-      b.pending = b.vars.size();
-      b.future.reset();
-    }
-    {
-      std::lock_guard<std::mutex> lock(timeline_mu);
-      timeline = IterationTimeline{};
-      for (size_t b = 0; b < buckets.size(); ++b) {
-        BucketTimeline t;
-        t.index = b;
-        t.num_params = buckets[b].vars.size();
-        t.bytes = buckets[b].contents.numel() * buckets[b].contents.element_size();
-        timeline.buckets.push_back(t);
-      }
-    }
-    unused.clear();
-    if (!options.find_unused_parameters()) return;
-    local_used = torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt);
-    if (outputs.empty()) {
-      log_warning("DistributedDataParallel: forward returned no tensors DDP can see, so unused-parameter "
-                  "detection is skipped this iteration (every parameter is expected to get a gradient).");
-      return;
-    }
-    // Walk the autograd graph from the outputs; parameters whose accumulator is not reached are unused.
-    std::unordered_set<const torch::autograd::Node*> seen;
-    std::vector<torch::autograd::Node*> stack;
-    for (const auto& o : outputs) {
-      if (!o.defined() || !o.requires_grad()) continue;
-      compat::NodePtr fn = o.grad_fn();
-      if (!fn) fn = torch::autograd::impl::try_get_grad_accumulator(o);
-      if (fn && seen.insert(fn.get()).second) stack.push_back(fn.get());
-    }
-    while (!stack.empty()) {
-      auto* node = stack.back();
-      stack.pop_back();
-      for (const auto& edge : node->next_edges())
-        if (edge.function && seen.insert(edge.function.get()).second) stack.push_back(edge.function.get());
-    }
-    for (size_t i = 0; i < params.size(); ++i)
-      if (!seen.count(accumulators[i].get())) unused.push_back(i);
+void Reducer::Impl::prepare_for_backward(const std::vector<torch::Tensor>& outputs) {
+  expect_hooks = true;
+  require_finalize = true;
+  first_hook_seen = false;
+  next_bucket = 0;
+  ready.assign(params.size(), 0);
+  if (!has_rebuilt_buckets) ready_order.clear();
+  for (auto& b : buckets) {
+    b.pending = b.vars.size();
+    b.future.reset();
   }
-
-  void autograd_hook(size_t i) {
-    if (!expect_hooks) return;  // no_sync() or no grad-enabled forward: plain local accumulation
-    const auto now = Clock::now();
-    {
-      std::lock_guard<std::mutex> lock(timeline_mu);
-      if (!first_hook_seen) timeline.first_hook = now;
-      timeline.last_hook = now;
-    }
-    if (options.find_unused_parameters()) local_used[static_cast<int64_t>(i)] = 1;
-    if (!has_rebuilt_buckets) ready_order.push_back(i);
-    if (!first_hook_seen) {
-      first_hook_seen = true;
-      for (size_t u : unused) mark_variable_ready(u);  // contribute zeros for locally unused params
-    }
-    mark_variable_ready(i);
-  }
-
-  void mark_variable_ready(size_t i) {
-    if (ready[i]) {
-      TORCH_CHECK(false, "Expected to mark a variable ready only once. This error is caused by one of the following "
-                  "reasons: 1) Use of a module parameter outside the `forward` function, or in several concurrent "
-                  "forward-backward passes. 2) Reused parameters in multiple reentrant backward passes (or backward "
-                  "run twice on one forward).",
-                  options.find_unused_parameters()
-                      ? " 3) Incorrect unused parameter detection: the parameter was not reachable from forward's "
-                        "outputs but still received a gradient."
-                      : "",
-                  " Parameter at index ", i, " with name ", names[i], " has been marked as ready twice. This means "
-                  "that multiple autograd engine hooks have fired for this particular parameter during this iteration.");
-    }
-    ready[i] = 1;
-    const auto [b, slot] = locator[i];
-    Bucket& bucket = buckets[b];
-    auto& view = bucket.views[slot];
-    auto& grad = params[i].mutable_grad();
-    torch::NoGradGuard no_grad;
-    if (grad.defined()) {
-      TORCH_CHECK(grad.scalar_type() == view.scalar_type() && grad.device() == view.device(), "Expected ",
-                  view.toString(), " gradient for parameter ", names[i], ", got ", grad.toString(),
-                  ". DDP buckets keep each parameter's dtype/device; keep .grad in the parameter's dtype.");
-      // Default path: pre-divide by the world size, then allreduce SUM (as PyTorch).
-      auto inverse_world = [&] { return torch::scalar_tensor(1.0 / group.size(), grad.options()); };
-      if (is_slot(grad, view)) {
-        // gradient_as_bucket_view: backward accumulated straight into the bucket.
-        if (!hook) view.mul_(inverse_world());
-      } else {
-        if (hook) {
-          view.copy_(grad);
-        } else {
-          torch::mul_out(view, grad, inverse_world());
-        }
-        // First backward, or the grad was set to none since: from now on the grad is the slot.
-        if (options.gradient_as_bucket_view()) grad = view;
-      }
-    } else {
-      view.zero_();
-    }
-    if (--bucket.pending == 0) mark_bucket_ready();
-  }
-
-  void mark_bucket_ready() {
-    // Launch strictly in bucket order: every rank must issue the collectives in the same order.
-    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) launch(next_bucket++);
-    if (next_bucket < buckets.size()) return;
-    if (options.find_unused_parameters()) used_future = allreduce_sum_async(group, local_used);
-    std::weak_ptr<Impl> weak = shared_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto self = weak.lock()) self->finalize_backward();
-    });
-  }
-
-  void launch(size_t b) {
-    Bucket& bucket = buckets[b];
-    {
-      std::lock_guard<std::mutex> lock(timeline_mu);
-      timeline.buckets[b].launched = Clock::now();
-    }
-    std::vector<torch::Tensor> bucket_params;
-    for (size_t v : bucket.vars) bucket_params.push_back(params[v]);
-    GradBucket grad_bucket(b, buckets.size(), bucket.contents, bucket.offsets, bucket.lengths, bucket_params);
-    bucket.future = hook ? hook(grad_bucket) : allreduce_sum_async(group, bucket.contents);
-    TORCH_CHECK(bucket.future, "ampp::dist: the comm hook returned a null future for bucket ", b, ".");
-    std::weak_ptr<Impl> weak = shared_from_this();
-    bucket.future->addCallback([weak, b](c10::ivalue::Future&) {
-      if (auto self = weak.lock()) {
-        std::lock_guard<std::mutex> lock(self->timeline_mu);
-        if (b < self->timeline.buckets.size()) self->timeline.buckets[b].completed = Clock::now();
-      }
-    });
-  }
-
-  void finalize_backward() {
-    torch::NoGradGuard no_grad;
-    {
-      std::lock_guard<std::mutex> lock(timeline_mu);
-      timeline.finalize_begin = Clock::now();
-    }
-    // Whatever happens below, this iteration is over (an error propagates out of backward()).
-    expect_hooks = false;
-    require_finalize = false;
-    torch::Tensor global_used;
-    if (options.find_unused_parameters()) {
-      used_future->waitAndThrow();
-      global_used = local_used;
-    }
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      Bucket& bucket = buckets[b];
-      bucket.future->waitAndThrow();
-      const auto result = bucket.future->value().toTensor();
-      TORCH_CHECK(result.numel() == bucket.contents.numel(), "ampp::dist: the comm hook for bucket ", b,
-                  " returned a tensor of ", result.numel(), " elements; it must return the bucket's ",
-                  bucket.contents.numel(), " (same size as bucket.buffer()).");
-      // gradient_as_bucket_view: the grads are the bucket, so only a hook's separate result is copied.
-      if (options.gradient_as_bucket_view() && !result.is_same(bucket.contents)) bucket.contents.copy_(result);
-      for (size_t k = 0; k < bucket.vars.size(); ++k) {
-        const size_t v = bucket.vars[k];
-        // A parameter no rank used keeps its .grad untouched (not zeroed, not created). With
-        // gradient_as_bucket_view a grad that already is its slot was reduced in place (as PyTorch).
-        if (global_used.defined() && global_used[static_cast<int64_t>(v)].item<int>() == 0) continue;
-        auto& grad = params[v].mutable_grad();
-        if (options.gradient_as_bucket_view()) {
-          // Locally unused here but used elsewhere: no grad yet, it becomes the reduced slot.
-          if (!grad.defined()) grad = bucket.views[k];
-          TORCH_CHECK(is_slot(grad, bucket.views[k]), "ampp::dist::DistributedDataParallel: the gradient of ",
-                      names[v], " was replaced during backward, so it is no longer its DDP bucket slot "
-                      "(gradient_as_bucket_view). Do not assign .grad between forward and the end of backward.");
-          continue;
-        }
-        auto reduced = result.narrow(0, static_cast<int64_t>(bucket.offsets[k]), static_cast<int64_t>(bucket.lengths[k]))
-                           .view(params[v].sizes());
-        if (grad.defined())
-          grad.copy_(reduced);
-        else
-          grad = reduced.to(params[v].scalar_type()).clone();
-      }
-    }
+  {
     std::lock_guard<std::mutex> lock(timeline_mu);
-    timeline.finalize_end = Clock::now();
-    last_timeline = timeline;
+    timeline = IterationTimeline{};
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      BucketTimeline t;
+      t.index = b;
+      t.num_params = buckets[b].vars.size();
+      t.bytes = buckets[b].contents.numel() * buckets[b].contents.element_size();
+      timeline.buckets.push_back(t);
+    }
   }
-};
+  unused.clear();
+  if (!options.find_unused_parameters()) return;
+  local_used = torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt);
+  if (outputs.empty()) {
+    log_warning("DistributedDataParallel: forward returned no tensors DDP can see, so unused-parameter "
+                "detection is skipped this iteration (every parameter is expected to get a gradient).");
+    return;
+  }
+  // Walk the autograd graph from the outputs; parameters whose accumulator is not reached are unused.
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> stack;
+  for (const auto& o : outputs) {
+    if (!o.defined() || !o.requires_grad()) continue;
+    compat::NodePtr fn = o.grad_fn();
+    if (!fn) fn = torch::autograd::impl::try_get_grad_accumulator(o);
+    if (fn && seen.insert(fn.get()).second) stack.push_back(fn.get());
+  }
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    for (const auto& edge : node->next_edges())
+      if (edge.function && seen.insert(edge.function.get()).second) stack.push_back(edge.function.get());
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!seen.count(accumulators[i].get())) unused.push_back(i);
+}
+
+void Reducer::Impl::autograd_hook(size_t i) {
+  if (!expect_hooks) return;  // no_sync() or no grad-enabled forward: plain local accumulation
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(timeline_mu);
+    if (!first_hook_seen) timeline.first_hook = now;
+    timeline.last_hook = now;
+  }
+  if (options.find_unused_parameters()) local_used[static_cast<int64_t>(i)] = 1;
+  if (!has_rebuilt_buckets) ready_order.push_back(i);
+  if (!first_hook_seen) {
+    first_hook_seen = true;
+    for (size_t u : unused) mark_variable_ready(u);  // contribute zeros for locally unused params
+  }
+  mark_variable_ready(i);
+}
+
+void Reducer::Impl::mark_variable_ready(size_t i) {
+  if (ready[i]) {
+    TORCH_CHECK(false, "Expected to mark a variable ready only once. This error is caused by one of the following "
+                "reasons: 1) Use of a module parameter outside the `forward` function, or in several concurrent "
+                "forward-backward passes. 2) Reused parameters in multiple reentrant backward passes (or backward "
+                "run twice on one forward).",
+                options.find_unused_parameters()
+                    ? " 3) Incorrect unused parameter detection: the parameter was not reachable from forward's "
+                      "outputs but still received a gradient."
+                    : "",
+                " Parameter at index ", i, " with name ", names[i], " has been marked as ready twice. This means "
+                "that multiple autograd engine hooks have fired for this particular parameter during this iteration.");
+  }
+  ready[i] = 1;
+  const auto [b, slot] = locator[i];
+  Bucket& bucket = buckets[b];
+  auto& view = bucket.views[slot];
+  auto& grad = params[i].mutable_grad();
+  torch::NoGradGuard no_grad;
+  if (grad.defined()) {
+    TORCH_CHECK(grad.scalar_type() == view.scalar_type() && grad.device() == view.device(), "Expected ",
+                view.toString(), " gradient for parameter ", names[i], ", got ", grad.toString(),
+                ". DDP buckets keep each parameter's dtype/device; keep .grad in the parameter's dtype.");
+    // Default path: pre-divide by the world size, then allreduce SUM (as PyTorch).
+    auto inverse_world = [&] { return torch::scalar_tensor(1.0 / group.size(), grad.options()); };
+    if (is_slot(grad, view)) {
+      // gradient_as_bucket_view: backward accumulated straight into the bucket.
+      if (!hook) view.mul_(inverse_world());
+    } else {
+      if (hook) {
+        view.copy_(grad);
+      } else {
+        torch::mul_out(view, grad, inverse_world());
+      }
+      // First backward, or the grad was set to none since: from now on the grad is the slot.
+      if (options.gradient_as_bucket_view()) grad = view;
+    }
+  } else {
+    view.zero_();
+  }
+  if (--bucket.pending == 0) mark_bucket_ready();
+}
+
+void Reducer::Impl::mark_bucket_ready() {
+  // Launch strictly in bucket order: every rank must issue the collectives in the same order.
+  while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) launch(next_bucket++);
+  if (next_bucket < buckets.size()) return;
+  if (options.find_unused_parameters()) used_future = allreduce_sum_async(group, local_used);
+  std::weak_ptr<Impl> weak = shared_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    if (auto self = weak.lock()) self->finalize_backward();
+  });
+}
+
+void Reducer::Impl::launch(size_t b) {
+  Bucket& bucket = buckets[b];
+  {
+    std::lock_guard<std::mutex> lock(timeline_mu);
+    timeline.buckets[b].launched = Clock::now();
+  }
+  std::vector<torch::Tensor> bucket_params;
+  for (size_t v : bucket.vars) bucket_params.push_back(params[v]);
+  GradBucket grad_bucket(b, buckets.size(), bucket.contents, bucket.offsets, bucket.lengths, bucket_params);
+  bucket.future = hook ? hook(grad_bucket) : allreduce_sum_async(group, bucket.contents);
+  TORCH_CHECK(bucket.future, "ampp::dist: the comm hook returned a null future for bucket ", b, ".");
+  std::weak_ptr<Impl> weak = shared_from_this();
+  bucket.future->addCallback([weak, b](c10::ivalue::Future&) {
+    if (auto self = weak.lock()) {
+      std::lock_guard<std::mutex> lock(self->timeline_mu);
+      if (b < self->timeline.buckets.size()) self->timeline.buckets[b].completed = Clock::now();
+    }
+  });
+}
+
+void Reducer::Impl::finalize_backward() {
+  torch::NoGradGuard no_grad;
+  {
+    std::lock_guard<std::mutex> lock(timeline_mu);
+    timeline.finalize_begin = Clock::now();
+  }
+  // Whatever happens below, this iteration is over (an error propagates out of backward()).
+  expect_hooks = false;
+  require_finalize = false;
+  torch::Tensor global_used;
+  if (options.find_unused_parameters()) {
+    used_future->waitAndThrow();
+    global_used = local_used;
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.future->waitAndThrow();
+    const auto result = bucket.future->value().toTensor();
+    TORCH_CHECK(result.numel() == bucket.contents.numel(), "ampp::dist: the comm hook for bucket ", b,
+                " returned a tensor of ", result.numel(), " elements; it must return the bucket's ",
+                bucket.contents.numel(), " (same size as bucket.buffer()).");
+    // gradient_as_bucket_view: the grads are the bucket, so only a hook's separate result is copied.
+    if (options.gradient_as_bucket_view() && !result.is_same(bucket.contents)) bucket.contents.copy_(result);
+    for (size_t k = 0; k < bucket.vars.size(); ++k) {
+      const size_t v = bucket.vars[k];
+      // A parameter no rank used keeps its .grad untouched (not zeroed, not created). With
+      // gradient_as_bucket_view a grad that already is its slot was reduced in place (as PyTorch).
+      if (global_used.defined() && global_used[static_cast<int64_t>(v)].item<int>() == 0) continue;
+      auto& grad = params[v].mutable_grad();
+      if (options.gradient_as_bucket_view()) {
+        // Locally unused here but used elsewhere: no grad yet, it becomes the reduced slot.
+        if (!grad.defined()) grad = bucket.views[k];
+        TORCH_CHECK(is_slot(grad, bucket.views[k]), "ampp::dist::DistributedDataParallel: the gradient of ",
+                    names[v], " was replaced during backward, so it is no longer its DDP bucket slot "
+                    "(gradient_as_bucket_view). Do not assign .grad between forward and the end of backward.");
+        continue;
+      }
+      auto reduced = result.narrow(0, static_cast<int64_t>(bucket.offsets[k]), static_cast<int64_t>(bucket.lengths[k]))
+                         .view(params[v].sizes());
+      if (grad.defined())
+        grad.copy_(reduced);
+      else
+        grad = reduced.to(params[v].scalar_type()).clone();
+    }
+  }
+  std::lock_guard<std::mutex> lock(timeline_mu);
+  timeline.finalize_end = Clock::now();
+  last_timeline = timeline;
+}
 
 Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, ProcessGroup group, DistributedDataParallelOptions options)
     : impl_(std::make_shared<Impl>()) {

@@ -1,5 +1,6 @@
 // ampp::dist::spawn: fork nprocs children, run fn(local_rank) in each, join, tear down on failure.
 #include <ampp/dist/spawn.h>
+#include <ampp/util/parse_number.h>
 #include <ampp/util/threads.h>
 
 #include <dlfcn.h>
@@ -118,136 +119,165 @@ void stop_openblas_server_threads() {
 
 }  // namespace
 
-void spawn_local_ranks(const std::function<void(int)>& fn, int nprocs, const SpawnOptions& options) {
+namespace {
+
+// What every child is given: the rendezvous address and its intra-op thread count.
+struct SpawnPlan {
+  std::string addr;
+  int port = 0;
+  int threads = 1;
+  int parent_threads_if_clamped = 0;  // > 0: threads were clamped to 1 because the parent has threads
+};
+
+int master_port_from_env() {
+  const std::string text = env_or("MASTER_PORT", "");
+  if (text.empty()) return detail::find_free_port();
+  const auto value = ampp::parse_int(text);
+  TORCH_CHECK(value && *value >= 0 && *value <= 65535, "spawn: MASTER_PORT='", text,
+              "' is not a port number (0..65535); unset it to let spawn pick a free port");
+  return static_cast<int>(*value);
+}
+
+int threads_per_child(int nprocs, const SpawnOptions& options) {
+  if (options.num_threads() > 0) return options.num_threads();
+  const std::string omp = env_or("OMP_NUM_THREADS", "");
+  if (omp.empty()) return ampp::threads_per_worker(nprocs);
+  const auto value = ampp::parse_int(omp);
+  TORCH_CHECK(value, "spawn: OMP_NUM_THREADS='", omp, "' is not an integer; unset it or give a thread count");
+  return static_cast<int>(std::max<int64_t>(1, *value));
+}
+
+SpawnPlan plan_spawn(int nprocs, const SpawnOptions& options) {
   TORCH_CHECK(nprocs >= 1, "spawn: nprocs must be >= 1 (got ", nprocs,
               "); pass the number of processes to start, e.g. one per device");
-  TORCH_CHECK(options.num_threads() >= 0, "spawn: num_threads must be >= 0 (got ",
-              options.num_threads(), "); use 0 for max(1, cores / nprocs)");
+  TORCH_CHECK(options.num_threads() >= 0, "spawn: num_threads must be >= 0 (got ", options.num_threads(),
+              "); use 0 for max(1, cores / nprocs)");
   TORCH_CHECK(options.grace_period().count() >= 0, "spawn: grace_period must be >= 0");
-
-  const std::string addr = env_or("MASTER_ADDR", "127.0.0.1");
-  int port = 0;
-  if (const std::string p = env_or("MASTER_PORT", ""); !p.empty()) {
-    char* end = nullptr;
-    const long value = std::strtol(p.c_str(), &end, 10);
-    TORCH_CHECK(*end == '\0' && value >= 0 && value <= 65535, "spawn: MASTER_PORT='", p,
-                "' is not a port number (0..65535); unset it to let spawn pick a free port");
-    port = static_cast<int>(value);
-  } else {
-    port = detail::find_free_port();
-  }
-  int threads = options.num_threads();
-  if (threads == 0) {
-    const std::string omp = env_or("OMP_NUM_THREADS", "");
-    threads = omp.empty() ? ampp::threads_per_worker(nprocs) : std::max(1, std::atoi(omp.c_str()));
-  }
+  SpawnPlan plan;
+  plan.addr = env_or("MASTER_ADDR", "127.0.0.1");
+  plan.port = master_port_from_env();
+  plan.threads = threads_per_child(nprocs, options);
   // See spawn.h: a child of a process with a running OpenMP pool hangs in parallel regions with
   // more than one thread; other threads (ours or the user's) are a sign that the pool may exist.
   // OpenBLAS's idle server threads are not: its fork handler stops them before every fork anyway,
   // so stop them first and do not let them cost the children their threads.
   stop_openblas_server_threads();
   const int parent_threads = detail::thread_count();
-  const bool clamp_threads = parent_threads > 1 && threads > 1;
-  if (clamp_threads) threads = 1;
+  if (parent_threads > 1 && plan.threads > 1) {
+    plan.threads = 1;
+    plan.parent_threads_if_clamped = parent_threads;
+  }
+  return plan;
+}
 
-  // Anything still buffered would be printed once by every child as well.
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
+// The children, the read ends of their error pipes and what each wrote there.
+struct SpawnedChildren {
+  std::vector<detail::Child> children;
+  std::vector<int> error_fds;
+  std::vector<std::string> errors;
 
-  const pid_t parent = ::getpid();
-  std::vector<detail::Child> children(static_cast<size_t>(nprocs));
-  std::vector<int> error_fds(static_cast<size_t>(nprocs), -1);
-  std::vector<std::string> errors(static_cast<size_t>(nprocs));
-  auto close_fds = [&] {
+  explicit SpawnedChildren(int n)
+      : children(static_cast<size_t>(n)), error_fds(static_cast<size_t>(n), -1), errors(static_cast<size_t>(n)) {}
+  ~SpawnedChildren() { close_fds(); }
+  void close_fds() {
     for (int& fd : error_fds) {
       if (fd >= 0) ::close(fd);
       fd = -1;
     }
-  };
+  }
+  void read_errors() {
+    for (size_t i = 0; i < error_fds.size(); ++i)
+      if (error_fds[i] >= 0) errors[i] += read_available(error_fds[i]);
+  }
+  [[noreturn]] void abort_start(const std::string& what) {
+    detail::signal_groups(children, SIGKILL);
+    detail::wait_or_kill(children, std::chrono::milliseconds(0));
+    close_fds();
+    TORCH_CHECK(false, "spawn: ", what);
+  }
+};
 
+void fork_children(const std::function<void(int)>& fn, int nprocs, const SpawnPlan& plan, SpawnedChildren& spawned) {
+  const pid_t parent = ::getpid();
   for (int i = 0; i < nprocs; ++i) {
     int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      const int err = errno;
-      detail::signal_groups(children, SIGKILL);
-      detail::wait_or_kill(children, std::chrono::milliseconds(0));
-      close_fds();
-      TORCH_CHECK(false, "spawn: cannot create a pipe: ", std::strerror(err));
-    }
+    if (::pipe2(fds, O_CLOEXEC) != 0) spawned.abort_start(std::string("cannot create a pipe: ") + std::strerror(errno));
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::close(fds[0]);
-      for (int fd : error_fds) {
+      for (int fd : spawned.error_fds)
         if (fd >= 0) ::close(fd);
-      }
       detail::become_worker_process(parent, SIGKILL);
-      run_child(fn, i, nprocs, addr, port, threads, clamp_threads ? parent_threads : 0, fds[1]);
+      run_child(fn, i, nprocs, plan.addr, plan.port, plan.threads, plan.parent_threads_if_clamped, fds[1]);
     }
     ::close(fds[1]);
     if (pid < 0) {
       const int err = errno;
       ::close(fds[0]);
-      detail::signal_groups(children, SIGKILL);
-      detail::wait_or_kill(children, std::chrono::milliseconds(0));
-      close_fds();
-      TORCH_CHECK(false, "spawn: fork() failed for process ", i, ": ", std::strerror(err));
+      spawned.abort_start(fmt::format("fork() failed for process {}: {}", i, std::strerror(err)));
     }
     ::setpgid(pid, pid);  // also done by the child; whichever runs first wins, no race
     ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
-    children[static_cast<size_t>(i)].pid = pid;
-    error_fds[static_cast<size_t>(i)] = fds[0];
+    spawned.children[static_cast<size_t>(i)].pid = pid;
+    spawned.error_fds[static_cast<size_t>(i)] = fds[0];
   }
+}
 
-  // Join: wait for every child; the first failure tears the group down.
+// Waits for every child; the first failure tears the group down. Returns its index, or -1.
+int join_children(SpawnedChildren& spawned, std::chrono::milliseconds grace_period) {
   int failed = -1;
   while (true) {
     std::vector<pollfd> polls;
-    for (int fd : error_fds) {
+    for (int fd : spawned.error_fds)
       if (fd >= 0) polls.push_back({fd, POLLIN, 0});
-    }
     ::poll(polls.data(), polls.size(), 20);
-    for (int i = 0; i < nprocs; ++i) {
-      if (error_fds[static_cast<size_t>(i)] >= 0) {
-        errors[static_cast<size_t>(i)] += read_available(error_fds[static_cast<size_t>(i)]);
-      }
-    }
-    for (int i : detail::reap_exited(children)) {
-      if (failed < 0 && children[static_cast<size_t>(i)].status != 0) failed = i;
-    }
-    const bool all_done = std::none_of(children.begin(), children.end(),
+    spawned.read_errors();
+    for (int i : detail::reap_exited(spawned.children))
+      if (failed < 0 && spawned.children[static_cast<size_t>(i)].status != 0) failed = i;
+    const bool all_done = std::none_of(spawned.children.begin(), spawned.children.end(),
                                        [](const detail::Child& c) { return c.running; });
     if (failed >= 0 || all_done) break;
   }
   if (failed >= 0) {
-    detail::signal_groups(children, SIGTERM);
-    detail::wait_or_kill(children, options.grace_period());
+    detail::signal_groups(spawned.children, SIGTERM);
+    detail::wait_or_kill(spawned.children, grace_period);
     // Leftover descendants of the children (their process groups) go too.
-    detail::signal_groups(children, SIGKILL);
+    detail::signal_groups(spawned.children, SIGKILL);
   }
-  for (int i = 0; i < nprocs; ++i) {
-    if (error_fds[static_cast<size_t>(i)] >= 0) {
-      errors[static_cast<size_t>(i)] += read_available(error_fds[static_cast<size_t>(i)]);
-    }
-  }
-  close_fds();
-  if (failed < 0) return;
+  spawned.read_errors();
+  spawned.close_fds();
+  return failed;
+}
 
-  const detail::Child& child = children[static_cast<size_t>(failed)];
-  const std::string& error = errors[static_cast<size_t>(failed)];
+[[noreturn]] void throw_child_failure(const SpawnedChildren& spawned, int failed) {
+  const detail::Child& child = spawned.children[static_cast<size_t>(failed)];
+  const std::string& error = spawned.errors[static_cast<size_t>(failed)];
   if (!error.empty()) {
     throw ProcessRaisedException(
-        fmt::format("\n\n-- Process {} terminated with the following error:\n{}", failed, error),
-        failed, child.pid);
+        fmt::format("\n\n-- Process {} terminated with the following error:\n{}", failed, error), failed, child.pid);
   }
   if (WIFSIGNALED(child.status)) {
     const std::string name = detail::signal_name(WTERMSIG(child.status));
-    throw ProcessExitedException(fmt::format("process {} terminated with signal {}", failed, name),
-                                 failed, child.pid, -WTERMSIG(child.status), name);
+    throw ProcessExitedException(fmt::format("process {} terminated with signal {}", failed, name), failed,
+                                 child.pid, -WTERMSIG(child.status), name);
   }
   const int code = WIFEXITED(child.status) ? WEXITSTATUS(child.status) : 1;
-  throw ProcessExitedException(fmt::format("process {} terminated with exit code {}", failed, code),
-                               failed, child.pid, code, "");
+  throw ProcessExitedException(fmt::format("process {} terminated with exit code {}", failed, code), failed,
+                               child.pid, code, "");
+}
+
+}  // namespace
+
+void spawn_local_ranks(const std::function<void(int)>& fn, int nprocs, const SpawnOptions& options) {
+  const SpawnPlan plan = plan_spawn(nprocs, options);
+  // Anything still buffered would be printed once by every child as well.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  SpawnedChildren spawned(nprocs);
+  fork_children(fn, nprocs, plan, spawned);
+  const int failed = join_children(spawned, options.grace_period());
+  if (failed >= 0) throw_child_failure(spawned, failed);
 }
 
 }  // namespace ampp::dist
