@@ -119,4 +119,12 @@ inline ProcessGroup init_tcp(int rank, int world, int port,
                                 .timeout(timeout));
 }
 
+// The usual multi-rank test: `world` forked ranks, each joined to a TCP process group on a fresh
+// port (`timeout` for its collectives), run body(rank, group); every rank must end cleanly.
+inline void on_ranks(int world, const std::function<void(int rank, const ProcessGroup& group)>& body,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(world, [&](int rank) { body(rank, init_tcp(rank, world, port, timeout)); }));
+}
+
 }  // namespace ampp::dist::testing
