@@ -26,8 +26,8 @@
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 namespace {
 
@@ -47,18 +47,15 @@ struct Args {
 void main_worker(int gpu, int ngpus_per_node, Args args) {
   torch::manual_seed(args.seed);
   const int rank = args.node_rank * ngpus_per_node + gpu;  // global rank
-  auto pg = ampp::dist::init_process_group(ampp::dist::InitOptions()
-                                               .init_method(args.dist_url)
-                                               .world_size(args.world_size)
-                                               .rank(rank));
+  auto pg = ampp::dist::init_process_group(
+      ampp::dist::InitOptions().init_method(args.dist_url).world_size(args.world_size).rank(rank));
   auto data = ampp::train::make_synthetic(ampp::train::SyntheticOptions().seed(args.seed));
   auto model = ampp::train::make_model("cnn");
   const int64_t batch_size = args.batch_size / ngpus_per_node;  // per-process batch
   ampp::dist::DistributedDataParallel ddp(model, pg);
 
   torch::nn::CrossEntropyLoss criterion;
-  torch::optim::SGD optimizer(ddp.parameters(),
-                              torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
+  torch::optim::SGD optimizer(ddp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
   torch::optim::StepLR scheduler(optimizer, /*step_size=*/30, /*gamma=*/0.1);
   ampp::dist::DistributedSampler train_sampler(data.train.size(), pg);
   ampp::GradScaler torch_scaler;
@@ -92,8 +89,8 @@ void main_worker(int gpu, int ngpus_per_node, Args args) {
       torch::serialize::OutputArchive archive;
       model->save(archive);
       ampp::train::save_checkpoint(archive, args.checkpoint);  // atomic: never half-written
-      fmt::print("epoch {}: loss {:.4f}, scale {}, checkpoint {}\n", epoch, last_loss,
-                 torch_scaler.get_scale(), args.checkpoint);
+      fmt::print("epoch {}: loss {:.4f}, scale {}, checkpoint {}\n", epoch, last_loss, torch_scaler.get_scale(),
+                 args.checkpoint);
     }
   }
   // Every rank must hold the same weights after DDP training.
@@ -103,8 +100,7 @@ void main_worker(int gpu, int ngpus_per_node, Args args) {
   std::vector<torch::Tensor> gathered{flat.clone()};
   pg.c10d()->allreduce(gathered, c10d::AllreduceOptions{c10d::ReduceOp::MAX})->wait();
   TORCH_CHECK(torch::equal(gathered[0], flat), "rank ", rank, ": parameters differ across ranks");
-  TORCH_CHECK(last_loss < first_loss, "rank ", rank, ": loss did not fall (", first_loss, " -> ",
-              last_loss, ")");
+  TORCH_CHECK(last_loss < first_loss, "rank ", rank, ": loss did not fall (", first_loss, " -> ", last_loss, ")");
 }
 
 }  // namespace

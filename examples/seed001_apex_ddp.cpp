@@ -18,8 +18,8 @@
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 int main(int argc, char** argv) {
   int64_t epochs = 2, steps = 0, batch_size = 64;
@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
       if (pg.rank() == 0) fmt::print("epoch {}: loss {:.4f}\n", epoch, last_loss);
     }
     TORCH_CHECK(last_loss < first_loss, "loss did not fall (", first_loss, " -> ", last_loss, ")");
-    if (pg.rank() == 0) fmt::print("seed001: {} ranks, {} done, loss {:.4f} -> {:.4f}\n", pg.size(),
-                                   opt_level, first_loss, last_loss);
+    if (pg.rank() == 0)
+      fmt::print("seed001: {} ranks, {} done, loss {:.4f} -> {:.4f}\n", pg.size(), opt_level, first_loss, last_loss);
   } catch (const std::exception& e) {
     fmt::print(stderr, "seed001: {}\n", e.what());
     return 1;

@@ -23,8 +23,8 @@
 // scaling matters here exactly as on a GPU.
 #include <ampp/ampp.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 namespace {
 
@@ -129,9 +129,10 @@ int main(int argc, char** argv) {
   fmt::print("O2: Linear weight {}, BatchNorm weight {} (keep_batchnorm_fp32), output {}\n",
              c10::toString(linear_weight), c10::toString(bn_weight), c10::toString(o2_output.scalar_type()));
 
-  fmt::print("seed002: fp32 loss {:.4f} -> {:.4f}; autocast fp16 + GradScaler loss {:.4f} -> {:.4f}, scale {}, "
-             "skipped steps {}\n",
-             fp32_first, fp32_last, amp_first, amp_last, scaler.get_scale(), scaler.skipped_steps());
+  fmt::print(
+      "seed002: fp32 loss {:.4f} -> {:.4f}; autocast fp16 + GradScaler loss {:.4f} -> {:.4f}, scale {}, "
+      "skipped steps {}\n",
+      fp32_first, fp32_last, amp_first, amp_last, scaler.get_scale(), scaler.skipped_steps());
   // Both loops must learn, and the fp16 facts of the seed must hold.
   const bool bn_fp32 = linear_weight != torch::kFloat && bn_weight == torch::kFloat;
   if (!numerics_ok || !bn_fp32 || !(fp32_last < fp32_first) || !(amp_last < amp_first)) return 1;

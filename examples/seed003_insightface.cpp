@@ -15,8 +15,8 @@
 // scheduler_backbone.step(); scheduler_pfc.step()         scheduler_backbone.step(); scheduler_pfc.step()
 #include <ampp/ampp.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 namespace F = torch::nn::functional;
 
@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
   auto centers = torch::randn({num_classes, 64});
   auto images = centers.index_select(0, labels) + 0.5 * torch::randn({dataset_size, 64});
 
-  torch::nn::Sequential backbone(torch::nn::Linear(64, 128), torch::nn::ReLU(),
-                                 torch::nn::Linear(128, embedding));
+  torch::nn::Sequential backbone(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Linear(128, embedding));
   torch::nn::Linear partial_fc(torch::nn::LinearOptions(embedding, num_classes).bias(false));
   torch::optim::SGD opt_backbone(backbone->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD opt_pfc(partial_fc->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -48,8 +47,8 @@ int main(int argc, char** argv) {
                                    .init_scale(static_cast<double>(batch_size))
                                    .max_scale(128.0 * batch_size)
                                    .growth_interval(100));
-  ampp::dist::DistributedSampler train_sampler(
-      dataset_size, ampp::dist::DistributedSamplerOptions().num_replicas(1).rank(0).seed(3));
+  ampp::dist::DistributedSampler train_sampler(dataset_size,
+                                               ampp::dist::DistributedSamplerOptions().num_replicas(1).rank(0).seed(3));
 
   // PartialFC.forward_backward: the head's loss and its gradient w.r.t. the features; the head's
   // own gradients land in its parameters (stepped by opt_pfc, unscaled, as in insightface).
@@ -83,14 +82,13 @@ int main(int argc, char** argv) {
       if (global_step == 1) first_loss = loss_v;
       last_loss = loss_v;
       if (global_step % 10 == 0)
-        fmt::print("epoch {} step {} loss {:.4f} scale {}\n", epoch, global_step, loss_v,
-                   grad_scaler.get_scale());
+        fmt::print("epoch {} step {} loss {:.4f} scale {}\n", epoch, global_step, loss_v, grad_scaler.get_scale());
     }
     scheduler_backbone.step();
     scheduler_pfc.step();
   }
-  fmt::print("seed003: loss {:.4f} -> {:.4f}, final scale {}, skipped steps {}\n", first_loss,
-             last_loss, grad_scaler.get_scale(), grad_scaler.skipped_steps());
+  fmt::print("seed003: loss {:.4f} -> {:.4f}, final scale {}, skipped steps {}\n", first_loss, last_loss,
+             grad_scaler.get_scale(), grad_scaler.skipped_steps());
   // The scale may never exceed the MaxClip cap; the loss must have fallen.
   if (grad_scaler.get_scale() > 128.0 * batch_size || !(last_loss < first_loss)) return 1;
   return 0;

@@ -5,7 +5,7 @@
 // amp.initialize(model, optimizer, opt_level="O2")               ampp::initialize(model, opt, "O2")
 // amp.initialize(model, optimizer, opt_level="O3")               ampp::initialize(model, opt, "O3")
 // amp.initialize(..., opt_level="O2", loss_scale=128.0)          ampp::Properties("O2").loss_scale(128.0)
-// amp.initialize(..., opt_level="O2", loss_scale="dynamic")      ampp::Properties("O2").loss_scale(LossScale::dynamic())
+// amp.initialize(..., opt_level="O2", loss_scale="dynamic") ampp::Properties("O2").loss_scale(LossScale::dynamic())
 // with amp.scale_loss(loss, optimizer) as scaled_loss:           amp.scale_loss(loss).backward()
 //     scaled_loss.backward()
 // optimizer.step()                                               amp.step()
@@ -14,8 +14,8 @@
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include <numeric>
 
@@ -27,8 +27,8 @@ struct Row {
 };
 
 // Trains a fresh CNN (same seed for every row) and returns {first loss, last loss, final scale}.
-std::tuple<double, double, double> train(const Row& row, const ampp::train::Dataset& data,
-                                         int64_t epochs, int64_t steps, int64_t batch_size) {
+std::tuple<double, double, double> train(const Row& row, const ampp::train::Dataset& data, int64_t epochs,
+                                         int64_t steps, int64_t batch_size) {
   torch::manual_seed(4);
   auto model = ampp::train::make_model("cnn");
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));

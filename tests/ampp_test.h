@@ -8,24 +8,24 @@
 
 #include <cstring>
 #include <exception>
-#include <stdexcept>
 #include <filesystem>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 // Expects `stmt` to throw a std::exception (c10::Error included) whose message contains `text`.
 // c10::Error is matched on its message without LibTorch's backtrace.
-#define AMPP_EXPECT_THROW_WITH(stmt, text)                                             \
-  do {                                                                                 \
-    try {                                                                              \
-      stmt;                                                                            \
-      ADD_FAILURE() << "expected an exception containing: " << (text);                 \
-    } catch (const c10::Error& e) {                                                    \
-      EXPECT_THAT(e.what_without_backtrace(), ::testing::HasSubstr(text));             \
-    } catch (const std::exception& e) {                                                \
-      EXPECT_THAT(e.what(), ::testing::HasSubstr(text));                               \
-    }                                                                                  \
+#define AMPP_EXPECT_THROW_WITH(stmt, text)                                 \
+  do {                                                                     \
+    try {                                                                  \
+      stmt;                                                                \
+      ADD_FAILURE() << "expected an exception containing: " << (text);     \
+    } catch (const c10::Error& e) {                                        \
+      EXPECT_THAT(e.what_without_backtrace(), ::testing::HasSubstr(text)); \
+    } catch (const std::exception& e) {                                    \
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(text));                   \
+    }                                                                      \
   } while (0)
 
 namespace ampp_test {

@@ -178,7 +178,8 @@ Rss spawn_rss_child(const Config& c) {
   int status = 0;
   waitpid(pid, &status, 0);
   Rss rss;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || std::sscanf(out.c_str(), "%ld %ld", &rss.base, &rss.peak) != 2) {
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+      std::sscanf(out.c_str(), "%ld %ld", &rss.base, &rss.peak) != 2) {
     return {};
   }
   return rss;
@@ -192,15 +193,18 @@ int main(int argc, char** argv) {
     return rss_child({argv[2], argv[3], argv[4]}, std::stoi(argv[5]));
   }
   for (const auto& c : configs()) {
-    benchmark::RegisterBenchmark(("Step/" + c.name()).c_str(), BM_Step, c)->Unit(benchmark::kMillisecond)
-        ->MinTime(0.5)->UseRealTime();
+    benchmark::RegisterBenchmark(("Step/" + c.name()).c_str(), BM_Step, c)
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(0.5)
+        ->UseRealTime();
   }
   benchmark::Initialize(&argc, argv);
   RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
 
-  fmt::print("\n| model | level | dtype | step ms | step / O0 | peak RSS MiB | peak RSS / O0 | training RSS MiB | "
-             "training RSS / O0 | AMP machinery / step |\n");
+  fmt::print(
+      "\n| model | level | dtype | step ms | step / O0 | peak RSS MiB | peak RSS / O0 | training RSS MiB | "
+      "training RSS / O0 | AMP machinery / step |\n");
   fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
   std::map<std::string, Rss> rss;
   for (const auto& c : configs()) rss[c.name()] = spawn_rss_child(c);

@@ -55,8 +55,17 @@ struct CnnImpl : torch::nn::Module {
 TORCH_MODULE(Cnn);
 
 enum Cmd : int64_t {
-  kStop, kTrainSolo, kTrainDdp, kTrainDdpFp16, kTrainDdpBf16, kTrainDdpBucketView, kFlatAllreduce, kCommPlain, kCommFp16,
-  kCommBf16, kCommPaired
+  kStop,
+  kTrainSolo,
+  kTrainDdp,
+  kTrainDdpFp16,
+  kTrainDdpBf16,
+  kTrainDdpBucketView,
+  kFlatAllreduce,
+  kCommPlain,
+  kCommFp16,
+  kCommBf16,
+  kCommPaired
 };
 bool is_training(Cmd cmd) { return cmd >= kTrainSolo && cmd <= kTrainDdpBucketView; }
 
@@ -286,8 +295,8 @@ void leader(benchmark::State& st, Cmd cmd, const char* name) {
   run(cmd, st.max_iterations, &st);
   g_results[name] = std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(st.iterations());
   if (is_training(cmd))
-    st.counters["samples_per_s"] = benchmark::Counter(static_cast<double>(kGlobalBatch * st.iterations()),
-                                                      benchmark::Counter::kIsRate);
+    st.counters["samples_per_s"] =
+        benchmark::Counter(static_cast<double>(kGlobalBatch * st.iterations()), benchmark::Counter::kIsRate);
 }
 
 void follower() {
@@ -305,21 +314,27 @@ void summary() {
   std::printf("\n== ampp DDP summary (same-run ratios) ==\n");
   const double solo = get("train_1proc"), ddp = get("train_ddp2"), fp16 = get("train_ddp2_fp16"),
                bf16 = get("train_ddp2_bf16");
-  if (solo > 0 && ddp > 0) std::printf("throughput 2-proc DDP / 1-proc (global batch %ld): %.2fx\n", kGlobalBatch, solo / ddp);
-  if (ddp > 0 && fp16 > 0) std::printf("step time fp16-hook / plain: %.2f, bf16-hook / plain: %.2f\n", fp16 / ddp, bf16 / ddp);
+  if (solo > 0 && ddp > 0)
+    std::printf("throughput 2-proc DDP / 1-proc (global batch %ld): %.2fx\n", kGlobalBatch, solo / ddp);
+  if (ddp > 0 && fp16 > 0)
+    std::printf("step time fp16-hook / plain: %.2f, bf16-hook / plain: %.2f\n", fp16 / ddp, bf16 / ddp);
   const double flat = get("flat_allreduce"), plain = get("ddp_comm_plain");
   if (flat > 0 && plain > 0)
-    std::printf("bucketed DDP allreduce (first launch -> last completion) bandwidth / raw flat Gloo allreduce: %.1f%% "
-                "(target >= 90%%); whole comm-only DDP step (incl. bucket copies, autograd): %.1f%%\n",
-                100 * flat / get(fmt::format("window{}", static_cast<int>(kCommPlain)).c_str()), 100 * flat / plain);
+    std::printf(
+        "bucketed DDP allreduce (first launch -> last completion) bandwidth / raw flat Gloo allreduce: %.1f%% "
+        "(target >= 90%%); whole comm-only DDP step (incl. bucket copies, autograd): %.1f%%\n",
+        100 * flat / get(fmt::format("window{}", static_cast<int>(kCommPlain)).c_str()), 100 * flat / plain);
   if (get("paired_window") > 0)
-    std::printf("paired medians (alternating, same load): flat %.2f ms, DDP bucketed allreduce %.2f ms -> %.1f%% of "
-                "flat bandwidth; whole DDP comm-only step %.2f ms -> %.1f%%\n",
-                1e3 * get("paired_flat"), 1e3 * get("paired_window"), 100 * get("paired_flat") / get("paired_window"),
-                1e3 * get("paired_step"), 100 * get("paired_flat") / get("paired_step"));
+    std::printf(
+        "paired medians (alternating, same load): flat %.2f ms, DDP bucketed allreduce %.2f ms -> %.1f%% of "
+        "flat bandwidth; whole DDP comm-only step %.2f ms -> %.1f%%\n",
+        1e3 * get("paired_flat"), 1e3 * get("paired_window"), 100 * get("paired_flat") / get("paired_window"),
+        1e3 * get("paired_step"), 100 * get("paired_flat") / get("paired_step"));
   if (get("paired_buckets") > 0)
-    std::printf("DDP's bucket layout allreduced back to back (no autograd, no hook skew): %.2f ms -> %.1f%% of flat "
-                "bandwidth\n", 1e3 * get("paired_buckets"), 100 * get("paired_flat") / get("paired_buckets"));
+    std::printf(
+        "DDP's bucket layout allreduced back to back (no autograd, no hook skew): %.2f ms -> %.1f%% of flat "
+        "bandwidth\n",
+        1e3 * get("paired_buckets"), 100 * get("paired_flat") / get("paired_buckets"));
   if (plain > 0)
     std::printf("comm-only step fp16 / plain: %.2f, bf16 / plain: %.2f\n", get("ddp_comm_fp16") / plain,
                 get("ddp_comm_bf16") / plain);
@@ -359,7 +374,7 @@ int free_port() {
 
 }  // namespace
 
-#define AMPP_DDP_BENCH(name, cmd, iters)                                                             \
+#define AMPP_DDP_BENCH(name, cmd, iters) \
   BENCHMARK_CAPTURE(leader, name, cmd, #name)->Iterations(iters)->Unit(benchmark::kMillisecond)->UseRealTime()
 
 AMPP_DDP_BENCH(train_1proc, kTrainSolo, 15);
@@ -386,10 +401,10 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   ampp::dist::set_log_level(ampp::dist::LogLevel::kWarning);
   g_pg = ampp::dist::init_process_group(ampp::dist::InitOptions()
-                                .init_method(fmt::format("tcp://127.0.0.1:{}", port))
-                                .rank(rank)
-                                .world_size(2)
-                                .timeout(std::chrono::minutes(5)));
+                                            .init_method(fmt::format("tcp://127.0.0.1:{}", port))
+                                            .rank(rank)
+                                            .world_size(2)
+                                            .timeout(std::chrono::minutes(5)));
   if (rank == 1) {
     follower();
     std::fflush(stdout);

@@ -35,12 +35,18 @@ enum class Mode { fp32, libtorch_bf16, ampp_bf16, ampp_bf16_native, ampp_bf16_fp
 
 const char* name_of(Mode m) {
   switch (m) {
-    case Mode::fp32: return "fp32";
-    case Mode::libtorch_bf16: return "libtorch_bf16";
-    case Mode::ampp_bf16: return "ampp_bf16";
-    case Mode::ampp_bf16_native: return "ampp_bf16_native";
-    case Mode::ampp_bf16_fp32gemm: return "ampp_bf16_fp32gemm";
-    case Mode::ampp_fp16: return "ampp_fp16_emulated";
+    case Mode::fp32:
+      return "fp32";
+    case Mode::libtorch_bf16:
+      return "libtorch_bf16";
+    case Mode::ampp_bf16:
+      return "ampp_bf16";
+    case Mode::ampp_bf16_native:
+      return "ampp_bf16_native";
+    case Mode::ampp_bf16_fp32gemm:
+      return "ampp_bf16_fp32gemm";
+    case Mode::ampp_fp16:
+      return "ampp_fp16_emulated";
   }
   return "?";
 }
@@ -58,10 +64,12 @@ struct LibTorchAutocast {
   }
 };
 
-torch::Tensor forward_loss(ampp::train::ClassifierImpl& net, Mode mode, const torch::Tensor& x, const torch::Tensor& y) {
+torch::Tensor forward_loss(ampp::train::ClassifierImpl& net, Mode mode, const torch::Tensor& x,
+                           const torch::Tensor& y) {
   auto loss_of = [&] { return torch::cross_entropy_loss(net.forward(x), y); };
   switch (mode) {
-    case Mode::fp32: return loss_of();
+    case Mode::fp32:
+      return loss_of();
     case Mode::libtorch_bf16: {
       LibTorchAutocast region;
       return loss_of();
@@ -172,8 +180,8 @@ int main(int argc, char** argv) {
   const auto& bf16 = ampp::precision::cpu_bf16_support();
   fmt::print("\nthreads={} cpu bf16 units: {} -> automatic Bf16Compute = {}\n", threads, bf16.describe(),
              ampp::to_string(ampp::default_bf16_compute()));
-  fmt::print("{:<6} {:<20} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}\n", "model", "mode", "wall ms", "vs fp32",
-             "cpu ms", "vs fp32", "peak MB", "vs fp32");
+  fmt::print("{:<6} {:<20} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}\n", "model", "mode", "wall ms", "vs fp32", "cpu ms",
+             "vs fp32", "peak MB", "vs fp32");
   for (const auto& [model, modes] : results()) {
     auto base = modes.find("fp32");
     for (const auto& [mode, r] : modes) {
@@ -181,8 +189,8 @@ int main(int argc, char** argv) {
       const bool have_base = base != modes.end() && base->second.best_ms < 1e299;
       const auto& b = base->second;
       fmt::print("{:<6} {:<20} {:>9.2f} {:>7.3f}x {:>9.2f} {:>7.3f}x {:>9.2f} {:>7.3f}x\n", model, mode, r.best_ms,
-                 have_base ? r.best_ms / b.best_ms : 0.0, r.best_cpu_ms, have_base ? r.best_cpu_ms / b.best_cpu_ms : 0.0,
-                 r.peak_mb, have_base ? r.peak_mb / b.peak_mb : 0.0);
+                 have_base ? r.best_ms / b.best_ms : 0.0, r.best_cpu_ms,
+                 have_base ? r.best_cpu_ms / b.best_cpu_ms : 0.0, r.peak_mb, have_base ? r.peak_mb / b.peak_mb : 0.0);
     }
   }
   benchmark::Shutdown();

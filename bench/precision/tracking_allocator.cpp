@@ -4,8 +4,8 @@
 
 #include <cstring>
 #include <mutex>
-#include <utility>
 #include <unordered_map>
+#include <utility>
 
 namespace ampp_bench {
 namespace {

@@ -105,8 +105,7 @@ TEST(Initialize, O3CastsOptimizerStateToTheModelDtype) {
   opt.step();
   ampp::initialize(lin.ptr(), opt, quiet(OptLevel::O3));
   EXPECT_EQ(opt.param_groups()[0].params()[0].scalar_type(), torch::kBFloat16);
-  auto& state = static_cast<torch::optim::AdamParamState&>(
-      *opt.state().at(ampp::optimizer_state_key(lin->weight)));
+  auto& state = static_cast<torch::optim::AdamParamState&>(*opt.state().at(ampp::optimizer_state_key(lin->weight)));
   EXPECT_EQ(state.exp_avg().scalar_type(), torch::kBFloat16);
   EXPECT_EQ(state.exp_avg_sq().scalar_type(), torch::kBFloat16);
 }
@@ -168,9 +167,8 @@ TEST(InitializeErrors, SameOptimizerTwice) {
 TEST(InitializeErrors, Fp16WhereNothingCanRunIt) {
   RefCnn net;
   torch::optim::SGD opt(net->parameters(), 0.1);
-  AMPP_EXPECT_THROW_WITH(
-      ampp::initialize(net, opt, quiet(Properties("O2").dtype(torch::kHalf).emulate_fp16(false))),
-      "no fp16 kernels");
+  AMPP_EXPECT_THROW_WITH(ampp::initialize(net, opt, quiet(Properties("O2").dtype(torch::kHalf).emulate_fp16(false))),
+                         "no fp16 kernels");
   auto meta = std::make_shared<torch::nn::Module>();
   meta->register_parameter("w", torch::empty({2}, torch::TensorOptions().device(torch::kMeta)));
   AMPP_EXPECT_THROW_WITH(ampp::initialize(meta, quiet(Properties("O1").dtype(torch::kHalf))),

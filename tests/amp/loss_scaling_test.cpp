@@ -23,7 +23,6 @@ torch::Tensor cnn_loss(ampp::Amp& amp, RefCnn& net, double factor = 1.0, int64_t
   return torch::nn::functional::cross_entropy(out, data().labels.narrow(0, start, 16)) * factor;
 }
 
-
 }  // namespace
 
 TEST(LossScaling, OverflowSkipsTheStepAndHalvesTheScale) {
@@ -121,7 +120,8 @@ TEST(LossScaling, SeveralLossesWithTheirOwnScales) {
   auto ref_loss = torch::nn::functional::cross_entropy(ref->forward(data().images.narrow(0, 0, 16)),
                                                        data().labels.narrow(0, 0, 16)) +
                   torch::nn::functional::cross_entropy(ref->forward(data().images.narrow(0, 16, 16)),
-                                                       data().labels.narrow(0, 16, 16)) * 0.5;
+                                                       data().labels.narrow(0, 16, 16)) *
+                      0.5;
   ref_loss.backward();
   const auto got = net->parameters(), want = ref->parameters();
   for (size_t i = 0; i < got.size(); ++i) {
@@ -191,7 +191,8 @@ TEST(LossScaling, ZeroGradGivesUnreachedParamsZeroGradsLikeLibTorch) {
   for (const auto& p : unused->parameters()) params.push_back(p);
   const double lr = 0.5, wd = 0.1;
   torch::optim::SGD opt(params, torch::optim::SGDOptions(lr).weight_decay(wd));
-  auto amp = ampp::initialize({used.ptr(), unused.ptr()}, {&opt}, Properties("O1").dtype(torch::kBFloat16).verbosity(0));
+  auto amp =
+      ampp::initialize({used.ptr(), unused.ptr()}, {&opt}, Properties("O1").dtype(torch::kBFloat16).verbosity(0));
   const auto x = torch::ones({2, 4});
   // Step 1 reaches both (so both have grads, as LibTorch's zero_grad() only zeroes defined grads).
   amp.zero_grad();

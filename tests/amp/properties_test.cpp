@@ -11,7 +11,6 @@ using ampp::OptLevel;
 using ampp::Properties;
 using ::testing::HasSubstr;
 
-
 TEST(OptLevel, ParsesTheFourLevels) {
   EXPECT_EQ(ampp::parse_opt_level("O0"), OptLevel::O0);
   EXPECT_EQ(ampp::parse_opt_level("O1"), OptLevel::O1);
@@ -116,8 +115,10 @@ TEST(Properties, InvalidValuesThrow) {
   AMPP_EXPECT_THROW_WITH(LossScale(1.0).is_dynamic() ? 0.0 : LossScale().value(), "dynamic");
   AMPP_EXPECT_THROW_WITH(Properties("O2").num_losses(0), "num_losses must be >= 1");
   AMPP_EXPECT_THROW_WITH(Properties("O2").min_loss_scale(0.0), "min_loss_scale must be");
-  AMPP_EXPECT_THROW_WITH(Properties("O2").max_loss_scale(1024).min_loss_scale(2048.0), "must not exceed max_loss_scale");
-  AMPP_EXPECT_THROW_WITH(Properties("O2").min_loss_scale(2048.0).max_loss_scale(1024), "must not be below min_loss_scale");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").max_loss_scale(1024).min_loss_scale(2048.0),
+                         "must not exceed max_loss_scale");
+  AMPP_EXPECT_THROW_WITH(Properties("O2").min_loss_scale(2048.0).max_loss_scale(1024),
+                         "must not be below min_loss_scale");
   AMPP_EXPECT_THROW_WITH(Properties("O2").verbosity(-1), "verbosity");
 }
 

@@ -38,9 +38,7 @@ struct RefMlpImpl : torch::nn::Module {
         fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
         fc3(register_module("fc3", torch::nn::Linear(hidden, classes))) {}
 
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc3(torch::relu(fc2(torch::relu(fc1(x.flatten(1))))));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x.flatten(1)))))); }
 
   torch::nn::Linear fc1, fc2, fc3;
 };

@@ -59,7 +59,7 @@ class SmallUpdates : public ::testing::TestWithParam<c10::ScalarType> {};
 
 TEST_P(SmallUpdates, LostInPureLowPrecisionO3) {
   const auto out = train(ampp::OptLevel::O3, GetParam(), 50);
-  EXPECT_EQ(out.model_weight, 1.0f);  // 1 - 1e-4 rounds back to 1 every time
+  EXPECT_EQ(out.model_weight, 1.0f);   // 1 - 1e-4 rounds back to 1 every time
   EXPECT_EQ(out.master_weight, 1.0f);  // O3 has no master: the optimizer steps the model itself
 }
 

@@ -44,8 +44,8 @@ void expect_in_sync(const RefCnn& net, const ampp::Amp& amp, const torch::optim:
   for (size_t i = 0; i < model.size(); ++i) {
     ASSERT_EQ(masters[i].scalar_type(), torch::kFloat);
     if (model[i].is_same(masters[i])) continue;  // FP32 BatchNorm parameter: its own master
-    auto expected = amp.fp16_emulated() ? masters[i].to(torch::kHalf).to(torch::kFloat)
-                                        : masters[i].to(model[i].scalar_type());
+    auto expected =
+        amp.fp16_emulated() ? masters[i].to(torch::kHalf).to(torch::kFloat) : masters[i].to(model[i].scalar_type());
     EXPECT_TRUE(torch::equal(model[i].detach(), expected)) << "parameter " << i;
   }
 }
@@ -107,8 +107,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, TrainLevels, ::testing::Values(torch::kBFloat16
 TEST(TrainOptimizers, O2WorksWithSgdMomentumAdamAndAdamW) {
   at::set_num_threads(1);
   const TrainRun ref = train(Properties("O0"), adam);
-  for (const auto& [name, make] : std::vector<std::pair<std::string, MakeOptimizer>>{
-           {"sgd", sgd}, {"adam", adam}, {"adamw", adamw}}) {
+  for (const auto& [name, make] :
+       std::vector<std::pair<std::string, MakeOptimizer>>{{"sgd", sgd}, {"adam", adam}, {"adamw", adamw}}) {
     const TrainRun run = train(Properties("O2"), make, /*check_sync=*/true);
     EXPECT_LT(run.eval_loss, 0.85 * run.first_loss) << name;  // it trains (24 steps, eval-mode BN)
     if (name == "adam") EXPECT_NEAR(run.eval_loss, ref.eval_loss, 0.10 * ref.eval_loss);

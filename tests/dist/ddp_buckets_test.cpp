@@ -12,7 +12,8 @@ TEST(DDP, TinyBucketsOverlapBackwardWithUnchangedResults) {
     // Limits [256 B, 1 KiB] over the parameters in reverse order (bytes): l3.bias 16 + l3.weight 512
     // -> 528 >= 256 closes {5, 4}; l2.bias 128 + l2.weight 4096 >= 1024 closes {3, 2}; l1.bias 128 +
     // l1.weight 1024 closes {1, 0}.
-    DistributedDataParallel ddp(model, pg, DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256));
+    DistributedDataParallel ddp(model, pg,
+                                DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256));
     const auto& buckets = ddp.reducer().bucket_indices();
     ASSERT_EQ(buckets, (std::vector<std::vector<size_t>>{{5, 4}, {3, 2}, {1, 0}}));
     auto d = rank_batch(0, rank);
@@ -59,10 +60,11 @@ TEST(DDP, BucketsAreRebuiltInTheOrderGradientsBecameReady) {
       // Parameters: 0 l3.weight (512 B), 1 l3.bias (16), 2 l2.weight (4096), 3 l2.bias (128),
       // 4 l1.weight (1024), 5 l1.bias (128). Limits [520 B, 4200 B]. Reverse registration order
       // 5, 4, ... gives {5, 4} (1152 B), {3, 2} (4224 B), {1, 0}: l1 first, whose gradients come last.
-      DistributedDataParallel ddp(model, pg, DistributedDataParallelOptions()
-                                                 .bucket_cap_mb(4200.0 / (1024 * 1024))
-                                                 .first_bucket_bytes(520)
-                                                 .gradient_as_bucket_view(as_view));
+      DistributedDataParallel ddp(model, pg,
+                                  DistributedDataParallelOptions()
+                                      .bucket_cap_mb(4200.0 / (1024 * 1024))
+                                      .first_bucket_bytes(520)
+                                      .gradient_as_bucket_view(as_view));
       ASSERT_EQ(ddp.reducer().bucket_indices(), (std::vector<std::vector<size_t>>{{5, 4}, {3, 2}, {1, 0}}));
       // Reference: one process on the union batch, rank 0's initial weights.
       torch::manual_seed(1);
@@ -84,8 +86,7 @@ TEST(DDP, BucketsAreRebuiltInTheOrderGradientsBecameReady) {
           EXPECT_GE(tl.buckets.front().launched, tl.last_hook);
         } else {
           // Rebuilt before step 1's forward: l3 first, l2, then l1; bucket 0 starts during backward.
-          EXPECT_EQ(as_sets(ddp.reducer().bucket_indices()),
-                    (std::vector<std::set<size_t>>{{0, 1}, {2, 3}, {4, 5}}));
+          EXPECT_EQ(as_sets(ddp.reducer().bucket_indices()), (std::vector<std::set<size_t>>{{0, 1}, {2, 3}, {4, 5}}));
           EXPECT_LT(tl.buckets.front().launched, tl.last_hook) << "step " << step;
         }
         if (as_view) {
@@ -120,8 +121,11 @@ TEST(DDP, GradientAsBucketViewGradsLiveInTheBucketsAndSurviveZeroGrad) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     auto model = make_model(rank + 1);
     // Buckets {5, 4}, {3, 2}, {1, 0} (see TinyBucketsOverlapBackwardWithUnchangedResults).
-    DistributedDataParallel ddp(model, pg, DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024)
-                                               .first_bucket_bytes(256).gradient_as_bucket_view(true));
+    DistributedDataParallel ddp(model, pg,
+                                DistributedDataParallelOptions()
+                                    .bucket_cap_mb(1.0 / 1024)
+                                    .first_bucket_bytes(256)
+                                    .gradient_as_bucket_view(true));
     const auto params = model->parameters();
     torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1).momentum(0.9));
     auto backward = [&](int step) {

@@ -25,7 +25,8 @@ TEST(DDP, CompressionHooksWithinTheirPrecision) {
     const double tol = type == BuiltinCommHook::kFp16Compress ? 2e-3 : 1.6e-2;  // ~2^-10, ~2^-7 (+ rounding)
     on_ranks(2, [&](int rank, const ProcessGroup& pg) {
       auto model = make_model(rank + 1);
-      DistributedDataParallel ddp(model, pg, DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256));
+      DistributedDataParallel ddp(model, pg,
+                                  DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256));
       ddp.register_builtin_comm_hook(type);
       EXPECT_THROW(ddp.register_builtin_comm_hook(type), c10::Error);  // once only
       torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
@@ -51,7 +52,8 @@ TEST(DDP, CompressionHooksWithinTheirPrecision) {
 TEST(DDP, UserHookSeesEveryBucketOnce) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     auto model = make_model(rank + 1);
-    DistributedDataParallel ddp(model, pg, DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256));
+    DistributedDataParallel ddp(model, pg,
+                                DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024).first_bucket_bytes(256));
     std::vector<size_t> seen;
     auto inner = allreduce_hook(pg);
     ddp.register_comm_hook([&](GradBucket& b) {

@@ -111,23 +111,26 @@ TEST(DDP, GradScalerInfOnOneRankMakesBothSkip) {
 }
 
 TEST(DDP, HungPeerFailsBackwardWithinTimeout) {
-  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
-    auto model = make_model(1);
-    DistributedDataParallel ddp(model, pg);
-    if (rank == 1) {
-      std::this_thread::sleep_for(3s);  // stops training
-      return;
-    }
-    auto d = rank_batch(0, rank);
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      torch::mse_loss(ddp->forward(d.x), d.y).backward();
-      ADD_FAILURE() << "backward must fail when the peer hangs";
-    } catch (const std::exception& e) {
-      EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-      EXPECT_NE(std::string(e.what()).find("imed out"), std::string::npos) << e.what();
-    }
-  }, 2s);
+  on_ranks(
+      2,
+      [&](int rank, const ProcessGroup& pg) {
+        auto model = make_model(1);
+        DistributedDataParallel ddp(model, pg);
+        if (rank == 1) {
+          std::this_thread::sleep_for(3s);  // stops training
+          return;
+        }
+        auto d = rank_batch(0, rank);
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          torch::mse_loss(ddp->forward(d.x), d.y).backward();
+          ADD_FAILURE() << "backward must fail when the peer hangs";
+        } catch (const std::exception& e) {
+          EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+          EXPECT_NE(std::string(e.what()).find("imed out"), std::string::npos) << e.what();
+        }
+      },
+      2s);
 }
 
 TEST(DDP, ConstructionErrors) {

@@ -10,12 +10,12 @@
 
 #include <torch/torch.h>
 
-#include <ampp/util/optimizer_compat.h>
 #include <ampp/dist/ddp.h>
 #include <ampp/scaling/grad_scaler.h>
+#include <ampp/util/optimizer_compat.h>
 
-#include "dist/multiprocess.h"
 #include "ampp/dist/torch_compat.h"
+#include "dist/multiprocess.h"
 
 namespace ampp_test {
 
@@ -31,9 +31,7 @@ struct MlpImpl : torch::nn::Module {
     l2 = register_module("l2", torch::nn::Linear(32, 32));
     l3 = register_module("l3", torch::nn::Linear(32, 4));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    return l3(torch::relu(l2(torch::relu(l1(x)))));
-  }
+  torch::Tensor forward(torch::Tensor x) { return l3(torch::relu(l2(torch::relu(l1(x))))); }
 };
 TORCH_MODULE(Mlp);
 

@@ -169,10 +169,10 @@ TEST(Rendezvous, FileTwoRanks) {
   const auto path = std::filesystem::temp_directory_path() / ("ampp_rdzv_" + std::to_string(free_port()));
   std::filesystem::remove(path);
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = init_process_group(InitOptions()
-                                     .init_method("file://" + path.string() + "?world_size=2&rank=" +
-                                                  std::to_string(rank))
-                                     .timeout(20s));
+    auto pg =
+        init_process_group(InitOptions()
+                               .init_method("file://" + path.string() + "?world_size=2&rank=" + std::to_string(rank))
+                               .timeout(20s));
     std::vector<torch::Tensor> t{torch::full({2}, rank == 0 ? 5.0 : 7.0)};
     pg.c10d()->allreduce(t)->wait();
     EXPECT_TRUE(t[0].equal(torch::full({2}, 12.0)));

@@ -6,7 +6,6 @@
 
 #include <ampp/dist/launcher.h>
 
-
 namespace {
 
 using ::testing::HasSubstr;
@@ -23,14 +22,18 @@ std::string validation_error(const ampp::dist::LaunchOptions& options) {
 TEST(Launch, ValidateNamesTheBadOptionAndTheFix) {
   using ampp::dist::LaunchOptions;
   EXPECT_EQ(validation_error(LaunchOptions()), "");
-  EXPECT_THAT(validation_error(LaunchOptions().nproc_per_node(0)), HasSubstr("LaunchOptions::nproc_per_node must be >= 1 (got 0)"));
+  EXPECT_THAT(validation_error(LaunchOptions().nproc_per_node(0)),
+              HasSubstr("LaunchOptions::nproc_per_node must be >= 1 (got 0)"));
   EXPECT_THAT(validation_error(LaunchOptions().nnodes(3).node_rank(3)),
               HasSubstr("give each node a distinct rank in 0..2"));
-  EXPECT_THAT(validation_error(LaunchOptions().node_rank(-1)), HasSubstr("LaunchOptions::node_rank -1 is out of range"));
+  EXPECT_THAT(validation_error(LaunchOptions().node_rank(-1)),
+              HasSubstr("LaunchOptions::node_rank -1 is out of range"));
   EXPECT_THAT(validation_error(LaunchOptions().master_port(65536)), HasSubstr("use a TCP port in 1..65535"));
-  EXPECT_THAT(validation_error(LaunchOptions().master_port(-1)), HasSubstr("LaunchOptions::master_port -1 is out of range"));
+  EXPECT_THAT(validation_error(LaunchOptions().master_port(-1)),
+              HasSubstr("LaunchOptions::master_port -1 is out of range"));
   EXPECT_THAT(validation_error(LaunchOptions().nnodes(0)), HasSubstr("LaunchOptions::nnodes must be >= 1 (got 0)"));
-  EXPECT_THAT(validation_error(LaunchOptions().max_restarts(-2)), HasSubstr("LaunchOptions::max_restarts must be >= 0 (got -2)"));
+  EXPECT_THAT(validation_error(LaunchOptions().max_restarts(-2)),
+              HasSubstr("LaunchOptions::max_restarts must be >= 0 (got -2)"));
   EXPECT_THAT(validation_error(LaunchOptions().master_addr("")), HasSubstr("LaunchOptions::master_addr is empty"));
   EXPECT_THAT(validation_error(LaunchOptions().shutdown_grace(std::chrono::milliseconds(-1))),
               HasSubstr("grace period must be >= 0"));

@@ -34,13 +34,9 @@ void write_file(const std::string& path, const std::string& text) {
   std::rename((path + ".tmp").c_str(), path.c_str());  // readers never see a partial file
 }
 
-void write_pid(const std::string& dir) {
-  write_file(dir + "/pid." + env("RANK"), std::to_string(getpid()));
-}
+void write_pid(const std::string& dir) { write_file(dir + "/pid." + env("RANK"), std::to_string(getpid())); }
 
-void bounded_sleep(double seconds = 30) {
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-}
+void bounded_sleep(double seconds = 30) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
 std::string g_dir;
 
@@ -64,11 +60,10 @@ int main(int argc, char** argv) {
   if (mode == "env" && argc >= 3) {
     std::string text;
     for (const char* name :
-         {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-          "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-          "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-          "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-          "NCCL_ASYNC_ERROR_HANDLING", "AMPP_TEST_INHERITED"}) {
+         {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+          "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+          "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS",
+          "OPENBLAS_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "AMPP_TEST_INHERITED"}) {
       text += std::string(name) + "=" + env(name) + "\n";
     }
     text += "ARGV=";

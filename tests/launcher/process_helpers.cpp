@@ -36,8 +36,7 @@ int RunResult::exit_code() const {
   return -1;
 }
 
-std::vector<std::string> environment_with(
-    const std::map<std::string, std::optional<std::string>>& changes) {
+std::vector<std::string> environment_with(const std::map<std::string, std::optional<std::string>>& changes) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -66,8 +65,8 @@ struct Started {
   std::string out_path, err_path;
 };
 
-Started start_command(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                      const TempDir& dir, const std::string& tag) {
+Started start_command(const std::vector<std::string>& argv, const std::vector<std::string>& env, const TempDir& dir,
+                      const std::string& tag) {
   Started s;
   s.out_path = dir.file("stdout." + tag);
   s.err_path = dir.file("stderr." + tag);
@@ -123,8 +122,7 @@ RunResult run_command(const std::vector<std::string>& argv, const std::vector<st
 }
 
 std::vector<RunResult> run_commands(const std::vector<std::vector<std::string>>& argvs,
-                                    const std::vector<std::string>& env,
-                                    std::chrono::milliseconds timeout) {
+                                    const std::vector<std::string>& env, std::chrono::milliseconds timeout) {
   TempDir dir;
   std::vector<Started> started;
   for (size_t i = 0; i < argvs.size(); ++i) {
@@ -148,8 +146,7 @@ bool process_alive(pid_t pid) {
 bool wait_for_files(const std::vector<std::string>& paths, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (true) {
-    if (std::all_of(paths.begin(), paths.end(),
-                    [](const std::string& p) { return std::filesystem::exists(p); })) {
+    if (std::all_of(paths.begin(), paths.end(), [](const std::string& p) { return std::filesystem::exists(p); })) {
       return true;
     }
     if (Clock::now() >= deadline) return false;

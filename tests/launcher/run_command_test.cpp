@@ -39,8 +39,8 @@ RunResult ampp_run(std::vector<std::string> args, const std::vector<std::string>
 }
 
 std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.exit_code()) + (r.timed_out ? " (TIMED OUT)" : "") +
-         "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+  return "exit " + std::to_string(r.exit_code()) + (r.timed_out ? " (TIMED OUT)" : "") + "\n--- stdout\n" + r.out +
+         "--- stderr\n" + r.err;
 }
 
 std::vector<pid_t> pids_of(const TempDir& dir, int n) {
@@ -60,8 +60,8 @@ std::vector<std::string> pid_files(const TempDir& dir, int n) {
 
 TEST(AmppRun, SetsTorchrunsEnvironmentForEveryRank) {
   TempDir dir;
-  const RunResult r = ampp_run({"--nproc-per-node", "2", "--master-port", "29555", "--rdzv-id",
-                                "job7", "--", kWorker, "env", dir.path(), "--lr", "0.1"},
+  const RunResult r = ampp_run({"--nproc-per-node", "2", "--master-port", "29555", "--rdzv-id", "job7", "--", kWorker,
+                                "env", dir.path(), "--lr", "0.1"},
                                clean_env({{"AMPP_TEST_INHERITED", "yes"}}));
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
   const std::string threads = std::to_string(ampp::test::expected_threads(2));
@@ -95,9 +95,8 @@ TEST(AmppRun, SetsTorchrunsEnvironmentForEveryRank) {
 
 TEST(AmppRun, ComputesGlobalRanksFromNodeRankAndAcceptsUnderscoreSpellings) {
   TempDir dir;
-  const RunResult r = ampp_run({"--nnodes=2", "--node_rank=1", "--nproc_per_node=2",
-                                "--master_addr=10.9.8.7", "--master_port=29600", kWorker, "env",
-                                dir.path()});
+  const RunResult r = ampp_run({"--nnodes=2", "--node_rank=1", "--nproc_per_node=2", "--master_addr=10.9.8.7",
+                                "--master_port=29600", kWorker, "env", dir.path()});
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
   for (int local = 0; local < 2; ++local) {
     const int rank = 2 + local;
@@ -115,9 +114,8 @@ TEST(AmppRun, ComputesGlobalRanksFromNodeRankAndAcceptsUnderscoreSpellings) {
 
 TEST(AmppRun, KeepsThreadSettingsTheUserGave) {
   TempDir dir;
-  const RunResult r =
-      ampp_run({"--nproc-per-node", "2", "--", kWorker, "env", dir.path()},
-               clean_env({{"OMP_NUM_THREADS", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}));
+  const RunResult r = ampp_run({"--nproc-per-node", "2", "--", kWorker, "env", dir.path()},
+                               clean_env({{"OMP_NUM_THREADS", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}));
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
   auto v = ampp::test::read_key_values(dir.file("env.1"));
   EXPECT_EQ(v["OMP_NUM_THREADS"], "3");
@@ -154,14 +152,12 @@ TEST(AmppRun, PrefixesEveryWorkerLineWithItsRank) {
 TEST(AmppRun, WorkerKilledWithSigkillTearsDownTheGroupQuickly) {
   TempDir dir;
   Clock::time_point killed_at;
-  const RunResult r = ampp_run({"--nproc-per-node", "3", "--", kWorker, "sleep", dir.path()},
-                               clean_env(), [&](pid_t) {
-                                 ASSERT_TRUE(ampp::test::wait_for_files(pid_files(dir, 3),
-                                                                        std::chrono::seconds(10)));
-                                 const auto pids = pids_of(dir, 3);
-                                 killed_at = Clock::now();
-                                 ::kill(pids[1], SIGKILL);
-                               });
+  const RunResult r = ampp_run({"--nproc-per-node", "3", "--", kWorker, "sleep", dir.path()}, clean_env(), [&](pid_t) {
+    ASSERT_TRUE(ampp::test::wait_for_files(pid_files(dir, 3), std::chrono::seconds(10)));
+    const auto pids = pids_of(dir, 3);
+    killed_at = Clock::now();
+    ::kill(pids[1], SIGKILL);
+  });
   const double seconds = std::chrono::duration<double>(Clock::now() - killed_at).count();
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_LT(seconds, 10.0);
@@ -173,8 +169,8 @@ TEST(AmppRun, WorkerKilledWithSigkillTearsDownTheGroupQuickly) {
 
 TEST(AmppRun, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   TempDir dir;
-  const RunResult r = ampp_run({"--nproc-per-node", "2", "--shutdown-grace", "0.3", "--", kWorker,
-                                "ignore-term", dir.path(), "1"});
+  const RunResult r =
+      ampp_run({"--nproc-per-node", "2", "--shutdown-grace", "0.3", "--", kWorker, "ignore-term", dir.path(), "1"});
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_LT(r.seconds, 10.0);
   EXPECT_EQ(r.exit_code(), 1);
@@ -186,8 +182,8 @@ TEST(AmppRun, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
 
 TEST(AmppRun, MaxRestartsRestartsTheWholeGroupWithTheRestartCount) {
   TempDir dir;
-  const RunResult r = ampp_run({"--nproc-per-node", "2", "--max-restarts", "1", "--", kWorker,
-                                "fail-first", dir.path()});
+  const RunResult r =
+      ampp_run({"--nproc-per-node", "2", "--max-restarts", "1", "--", kWorker, "fail-first", dir.path()});
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
   for (const char* f : {"attempt.0.0", "attempt.1.0", "attempt.0.1", "attempt.1.1"}) {
     EXPECT_TRUE(std::filesystem::exists(dir.file(f))) << f << "\n" << describe(r);
@@ -198,8 +194,7 @@ TEST(AmppRun, MaxRestartsRestartsTheWholeGroupWithTheRestartCount) {
 }
 
 TEST(AmppRun, FailsAfterTheRestartsAreUsedUp) {
-  const RunResult r =
-      ampp_run({"--nproc-per-node", "2", "--max-restarts", "1", "--", kWorker, "exit-rank", "1", "3"});
+  const RunResult r = ampp_run({"--nproc-per-node", "2", "--max-restarts", "1", "--", kWorker, "exit-rank", "1", "3"});
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_EQ(r.exit_code(), 1);
   EXPECT_THAT(r.err, HasSubstr("restart 1/1"));
@@ -209,12 +204,11 @@ TEST(AmppRun, FailsAfterTheRestartsAreUsedUp) {
 
 TEST(AmppRun, ForwardsSigtermToTheWorkers) {
   TempDir dir;
-  const RunResult r = ampp_run({"--nproc-per-node", "2", "--", kWorker, "trap-signal", dir.path()},
-                               clean_env(), [&](pid_t ampp) {
-                                 ASSERT_TRUE(ampp::test::wait_for_files(pid_files(dir, 2),
-                                                                        std::chrono::seconds(10)));
-                                 ::kill(ampp, SIGTERM);
-                               });
+  const RunResult r =
+      ampp_run({"--nproc-per-node", "2", "--", kWorker, "trap-signal", dir.path()}, clean_env(), [&](pid_t ampp) {
+        ASSERT_TRUE(ampp::test::wait_for_files(pid_files(dir, 2), std::chrono::seconds(10)));
+        ::kill(ampp, SIGTERM);
+      });
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_EQ(r.exit_code(), 128 + SIGTERM) << describe(r);
   EXPECT_EQ(ampp::test::read_file(dir.file("signal.0")), "SIGTERM");

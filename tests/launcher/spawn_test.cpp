@@ -145,16 +145,17 @@ TEST(Spawn, KeepsMasterAddressAndPortOfTheParent) {
 
 TEST(Spawn, ChildrenUseTheRequestedThreadCount) {
   TempDir dir;
-  ampp::dist::spawn(SpawnOptions().num_threads(1),
-                    [&](int rank) {
-                      // A LibTorch computation in the child, with its own thread setting.
-                      auto x = torch::ones({1000, 100});
-                      const float sum = x.sum().item<float>();
-                      write_text(dir.file("t." + std::to_string(rank)),
-                                 std::to_string(at::get_num_threads()) + " " + env("OMP_NUM_THREADS") +
-                                     " " + std::to_string(static_cast<int>(sum)));
-                    },
-                    2);
+  ampp::dist::spawn(
+      SpawnOptions().num_threads(1),
+      [&](int rank) {
+        // A LibTorch computation in the child, with its own thread setting.
+        auto x = torch::ones({1000, 100});
+        const float sum = x.sum().item<float>();
+        write_text(dir.file("t." + std::to_string(rank)), std::to_string(at::get_num_threads()) + " " +
+                                                              env("OMP_NUM_THREADS") + " " +
+                                                              std::to_string(static_cast<int>(sum)));
+      },
+      2);
   EXPECT_EQ(ampp::test::read_file(dir.file("t.0")), "1 1 100000");
   EXPECT_EQ(ampp::test::read_file(dir.file("t.1")), "1 1 100000");
 }
@@ -180,21 +181,27 @@ TEST(Spawn, LimitsChildrenToOneThreadWhenTheParentAlreadyRunsThreads) {
   }
   TempDir dir;
   try {
-    ampp::dist::spawn(SpawnOptions().num_threads(2),
-                      [&](int rank) {
-                        auto x = torch::randn({1 << 20});
-                        x = x.exp().sum();  // parallel region: would hang with a stale pool
-                        write_text(dir.file("t." + std::to_string(rank)),
-                                   std::to_string(at::get_num_threads()));
-                      },
-                      2);
+    ampp::dist::spawn(
+        SpawnOptions().num_threads(2),
+        [&](int rank) {
+          auto x = torch::randn({1 << 20});
+          x = x.exp().sum();  // parallel region: would hang with a stale pool
+          write_text(dir.file("t." + std::to_string(rank)), std::to_string(at::get_num_threads()));
+        },
+        2);
   } catch (...) {
-    { std::lock_guard<std::mutex> lock(m); done = true; }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      done = true;
+    }
     cv.notify_all();
     helper.join();
     throw;
   }
-  { std::lock_guard<std::mutex> lock(m); done = true; }
+  {
+    std::lock_guard<std::mutex> lock(m);
+    done = true;
+  }
   cv.notify_all();
   helper.join();
   EXPECT_EQ(ampp::test::read_file(dir.file("t.0")), "1");
@@ -205,20 +212,20 @@ TEST(Spawn, IdleOpenBlasThreadsDoNotLimitTheChildren) {
   // pthread OpenBLAS starts its server threads when it is loaded, so a program that has computed
   // nothing yet already runs more than one thread. They are not an OpenMP pool: OpenBLAS stops
   // them itself before a fork, so the children keep the requested thread count.
-  const bool has_blas_threads = ::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_") != nullptr &&
-                                ampp::dist::detail::thread_count() >= 2;
+  const bool has_blas_threads =
+      ::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_") != nullptr && ampp::dist::detail::thread_count() >= 2;
   if (!has_blas_threads) {
     GTEST_SKIP() << "LibTorch here is not linked with pthread OpenBLAS (or it started no threads)";
   }
   TempDir dir;
-  ampp::dist::spawn(SpawnOptions().num_threads(2),
-                    [&](int rank) {
-                      auto x = torch::randn({1 << 20});
-                      x = x.exp().sum();  // a parallel region with 2 threads in a fresh child
-                      write_text(dir.file("t." + std::to_string(rank)),
-                                 std::to_string(at::get_num_threads()));
-                    },
-                    2);
+  ampp::dist::spawn(
+      SpawnOptions().num_threads(2),
+      [&](int rank) {
+        auto x = torch::randn({1 << 20});
+        x = x.exp().sum();  // a parallel region with 2 threads in a fresh child
+        write_text(dir.file("t." + std::to_string(rank)), std::to_string(at::get_num_threads()));
+      },
+      2);
   EXPECT_EQ(ampp::test::read_file(dir.file("t.0")), "2");
   EXPECT_EQ(ampp::test::read_file(dir.file("t.1")), "2");
 }
@@ -232,8 +239,7 @@ TEST(Spawn, ExceptionInAChildNamesTheRankAndMessageAndStopsTheOthers) {
           record_pid(dir, rank);
           if (rank == 1) {
             // Fail only once everybody is up, so the others really have to be terminated.
-            ampp::test::wait_for_files({dir.file("pid.0"), dir.file("pid.2")},
-                                       std::chrono::seconds(10));
+            ampp::test::wait_for_files({dir.file("pid.0"), dir.file("pid.2")}, std::chrono::seconds(10));
             throw std::runtime_error("boom in rank 1");
           }
           sleep_until_terminated();
@@ -305,18 +311,18 @@ TEST(Spawn, DeathBySignalIsReportedWithTheSignalName) {
 TEST(Spawn, ChildrenIgnoringSigtermAreKilledAfterTheGracePeriod) {
   TempDir dir;
   const auto start = Clock::now();
-  EXPECT_THROW(ampp::dist::spawn(SpawnOptions().grace_period(std::chrono::milliseconds(200)),
-                                 [&](int rank) {
-                                   ::signal(SIGTERM, SIG_IGN);
-                                   record_pid(dir, rank);
-                                   if (rank == 1) {
-                                     ampp::test::wait_for_files({dir.file("pid.0")},
-                                                                std::chrono::seconds(10));
-                                     ::_exit(3);
-                                   }
-                                   sleep_until_terminated();
-                                 },
-                                 2),
+  EXPECT_THROW(ampp::dist::spawn(
+                   SpawnOptions().grace_period(std::chrono::milliseconds(200)),
+                   [&](int rank) {
+                     ::signal(SIGTERM, SIG_IGN);
+                     record_pid(dir, rank);
+                     if (rank == 1) {
+                       ampp::test::wait_for_files({dir.file("pid.0")}, std::chrono::seconds(10));
+                       ::_exit(3);
+                     }
+                     sleep_until_terminated();
+                   },
+                   2),
                ProcessExitedException);
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
   for (pid_t pid : read_pids(dir, 2)) EXPECT_FALSE(ampp::test::process_alive(pid));

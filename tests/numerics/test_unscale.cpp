@@ -232,13 +232,19 @@ TEST(Unscale, RejectsBadArgumentsWithAtenMessages) {
     }
     return std::string("<no error>");
   };
-  EXPECT_THAT(msg([&] { auto f = torch::zeros({}, torch::kDouble); non_finite_check_and_unscale_({t}, f, inv); }),
+  EXPECT_THAT(msg([&] {
+                auto f = torch::zeros({}, torch::kDouble);
+                non_finite_check_and_unscale_({t}, f, inv);
+              }),
               HasSubstr("found_inf must be a float tensor."));
   EXPECT_THAT(msg([&] { non_finite_check_and_unscale_({t}, found, torch::ones({2})); }),
               HasSubstr("inv_scale must be a 1-element tensor."));
   EXPECT_THAT(msg([&] { non_finite_check_and_unscale_({t}, found, torch::ones({}, torch::kHalf)); }),
               HasSubstr("inv_scale must be a float tensor."));
-  EXPECT_THAT(msg([&] { auto f = torch::zeros({3}); non_finite_check_and_unscale_({t}, f, inv); }),
+  EXPECT_THAT(msg([&] {
+                auto f = torch::zeros({3});
+                non_finite_check_and_unscale_({t}, f, inv);
+              }),
               HasSubstr("found_inf must be a 1-element tensor."));
   EXPECT_THAT(msg([&] { non_finite_check_and_unscale_({torch::ones({3}, torch::kInt)}, found, inv); }),
               HasSubstr("gradients must be float, double, bfloat16 or half"));

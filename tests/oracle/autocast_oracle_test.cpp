@@ -47,23 +47,30 @@ std::vector<Op> ops() {
       {"matmul", {{{2, 4, 6}}, {{6, 5}}}, [](const Tensors& x) { return torch::matmul(x[0], x[1]); }},
       {"addmm", {{{4, 5}}, {{4, 6}}, {{6, 5}}}, [](const Tensors& x) { return torch::addmm(x[0], x[1], x[2]); }},
       {"bmm", {{{2, 4, 6}}, {{2, 6, 5}}}, [](const Tensors& x) { return torch::bmm(x[0], x[1]); }},
-      {"baddbmm", {{{2, 4, 5}}, {{2, 4, 6}}, {{2, 6, 5}}},
+      {"baddbmm",
+       {{{2, 4, 5}}, {{2, 4, 6}}, {{2, 6, 5}}},
        [](const Tensors& x) { return torch::baddbmm(x[0], x[1], x[2]); }},
-      {"addbmm", {{{4, 5}}, {{2, 4, 6}}, {{2, 6, 5}}},
+      {"addbmm",
+       {{{4, 5}}, {{2, 4, 6}}, {{2, 6, 5}}},
        [](const Tensors& x) { return torch::addbmm(x[0], x[1], x[2]); }},
       {"linear", {{{3, 6}}, {{5, 6}}, {{5}}}, [](const Tensors& x) { return torch::linear(x[0], x[1], x[2]); }},
       {"conv1d", {{{2, 3, 10}}, {{4, 3, 3}}, {{4}}}, [](const Tensors& x) { return torch::conv1d(x[0], x[1], x[2]); }},
-      {"conv2d", {{{1, 3, 6, 6}}, {{4, 3, 3, 3}}, {{4}}},
+      {"conv2d",
+       {{{1, 3, 6, 6}}, {{4, 3, 3, 3}}, {{4}}},
        [](const Tensors& x) { return torch::conv2d(x[0], x[1], x[2], /*stride=*/1, /*padding=*/1); }},
-      {"conv3d", {{{1, 2, 4, 4, 4}}, {{3, 2, 2, 2, 2}}, {{3}}},
+      {"conv3d",
+       {{{1, 2, 4, 4, 4}}, {{3, 2, 2, 2, 2}}, {{3}}},
        [](const Tensors& x) { return torch::conv3d(x[0], x[1], x[2]); }},
-      {"conv_transpose1d", {{{2, 3, 8}}, {{3, 4, 3}}, {{4}}},
+      {"conv_transpose1d",
+       {{{2, 3, 8}}, {{3, 4, 3}}, {{4}}},
        [](const Tensors& x) { return torch::conv_transpose1d(x[0], x[1], x[2]); }},
-      {"conv_transpose2d", {{{1, 3, 5, 5}}, {{3, 2, 3, 3}}, {{2}}},
+      {"conv_transpose2d",
+       {{{1, 3, 5, 5}}, {{3, 2, 3, 3}}, {{2}}},
        [](const Tensors& x) { return torch::conv_transpose2d(x[0], x[1], x[2]); }},
       {"prelu", {{{2, 3, 4}}, {{3}, pos}}, [](const Tensors& x) { return torch::prelu(x[0], x[1]); }},
 #if AMPP_TORCH_AT_LEAST(2, 0)  // ops LibTorch 1.13 does not have
-      {"scaled_dot_product_attention", {{{1, 2, 4, 8}}, {{1, 2, 4, 8}}, {{1, 2, 4, 8}}},
+      {"scaled_dot_product_attention",
+       {{{1, 2, 4, 8}}, {{1, 2, 4, 8}}, {{1, 2, 4, 8}}},
        [](const Tensors& x) { return at::scaled_dot_product_attention(x[0], x[1], x[2]); }},
       {"linalg_vecdot", {{{3, 6}}, {{3, 6}}}, [](const Tensors& x) { return at::linalg_vecdot(x[0], x[1]); }},
 #endif
@@ -78,10 +85,14 @@ std::vector<Op> ops() {
       {"pow", {{{4, 8}}}, [](const Tensors& x) { return torch::pow(x[0], 2); }},
       {"softmax", {{{4, 8}}}, [](const Tensors& x) { return torch::softmax(x[0], -1); }},
       {"log_softmax", {{{4, 8}}}, [](const Tensors& x) { return torch::log_softmax(x[0], -1); }},
-      {"layer_norm", {{{3, 8}}, {{8}}, {{8}}},
+      {"layer_norm",
+       {{{3, 8}}, {{8}}, {{8}}},
        [](const Tensors& x) { return torch::layer_norm(x[0], {x[0].size(-1)}, x[1], x[2]); }},
-      {"group_norm", {{{2, 4, 3}}, {{4}}, {{4}}}, [](const Tensors& x) { return torch::group_norm(x[0], 2, x[1], x[2]); }},
-      {"batch_norm", {{{4, 3}}, {{3}}, {{3}, pos}, {{3}}, {{3}}},
+      {"group_norm",
+       {{{2, 4, 3}}, {{4}}, {{4}}},
+       [](const Tensors& x) { return torch::group_norm(x[0], 2, x[1], x[2]); }},
+      {"batch_norm",
+       {{{4, 3}}, {{3}}, {{3}, pos}, {{3}}, {{3}}},
        [](const Tensors& x) {
          return torch::batch_norm(x[0], x[3], x[4], x[1], x[2], /*training=*/false, 0.1, 1e-5, /*cudnn_enabled=*/true);
        }},
@@ -97,22 +108,31 @@ std::vector<Op> ops() {
       {"mse_loss", {{{4, 8}}, {{4, 8}}}, [](const Tensors& x) { return torch::mse_loss(x[0], x[1]); }},
       {"l1_loss", {{{4, 8}}, {{4, 8}}}, [](const Tensors& x) { return torch::l1_loss(x[0], x[1]); }},
       {"smooth_l1_loss", {{{4, 8}}, {{4, 8}}}, [](const Tensors& x) { return torch::smooth_l1_loss(x[0], x[1]); }},
-      {"kl_div", {{{4, 8}}, {{4, 8}, pos}}, [](const Tensors& x) { return torch::kl_div(x[0], x[1], at::Reduction::Mean); }},
-      {"cross_entropy", {{{4, 5}}},
+      {"kl_div",
+       {{{4, 8}}, {{4, 8}, pos}},
+       [](const Tensors& x) { return torch::kl_div(x[0], x[1], at::Reduction::Mean); }},
+      {"cross_entropy",
+       {{{4, 5}}},
        [](const Tensors& x) { return torch::cross_entropy_loss(x[0], targets(x[0].size(0), x[0].size(1))); }},
-      {"nll_loss", {{{4, 5}}},
+      {"nll_loss",
+       {{{4, 5}}},
        [](const Tensors& x) { return torch::nll_loss_nd(x[0], targets(x[0].size(0), x[0].size(1))); }},
-      {"binary_cross_entropy", {{{4, 8}, prob}, {{4, 8}, prob}},
+      {"binary_cross_entropy",
+       {{{4, 8}, prob}, {{4, 8}, prob}},
        [](const Tensors& x) { return torch::binary_cross_entropy(x[0], x[1]); }},
-      {"binary_cross_entropy_with_logits", {{{4, 8}}, {{4, 8}, prob}},
+      {"binary_cross_entropy_with_logits",
+       {{{4, 8}}, {{4, 8}, prob}},
        [](const Tensors& x) { return torch::binary_cross_entropy_with_logits(x[0], x[1]); }},
       {"cdist", {{{3, 4}}, {{5, 4}}}, [](const Tensors& x) { return torch::cdist(x[0], x[1]); }},
       {"max_pool2d", {{{1, 2, 6, 6}}}, [](const Tensors& x) { return torch::max_pool2d(x[0], {2, 2}); }},
       {"avg_pool2d", {{{1, 2, 6, 6}}}, [](const Tensors& x) { return torch::avg_pool2d(x[0], {2, 2}); }},
-      {"adaptive_avg_pool2d", {{{1, 2, 6, 6}}}, [](const Tensors& x) { return torch::adaptive_avg_pool2d(x[0], {2, 2}); }},
+      {"adaptive_avg_pool2d",
+       {{{1, 2, 6, 6}}},
+       [](const Tensors& x) { return torch::adaptive_avg_pool2d(x[0], {2, 2}); }},
       {"embedding", {{{6, 4}}}, [](const Tensors& x) { return torch::embedding(x[0], targets(4, x[0].size(0))); }},
       {"inverse", {{{4, 4}, Kind::well_conditioned}}, [](const Tensors& x) { return torch::inverse(x[0]); }},
-      {"linalg_matrix_norm", {{{3, 4}}},
+      {"linalg_matrix_norm",
+       {{{3, 4}}},
        [](const Tensors& x) { return at::linalg_matrix_norm(x[0], c10::string_view("fro")); }},
       {"fft_rfft", {{{8}}}, [](const Tensors& x) { return torch::fft::rfft(x[0]); }},
   };
@@ -131,10 +151,14 @@ const std::map<std::string, std::string>& known_differences() {
 
 torch::Tensor make_input(const Input& in, at::Generator& gen) {
   switch (in.kind) {
-    case Kind::normal: return torch::randn(in.shape, gen);
-    case Kind::positive: return torch::rand(in.shape, gen) + 0.5;
-    case Kind::probability: return torch::rand(in.shape, gen) * 0.9 + 0.05;
-    case Kind::well_conditioned: return torch::randn(in.shape, gen) * 0.1 + torch::eye(in.shape.at(0));
+    case Kind::normal:
+      return torch::randn(in.shape, gen);
+    case Kind::positive:
+      return torch::rand(in.shape, gen) + 0.5;
+    case Kind::probability:
+      return torch::rand(in.shape, gen) * 0.9 + 0.05;
+    case Kind::well_conditioned:
+      return torch::randn(in.shape, gen) * 0.1 + torch::eye(in.shape.at(0));
   }
   TORCH_CHECK(false, "unknown input kind");
 }
@@ -209,17 +233,18 @@ std::string difference(const Case& c, c10::ScalarType region, const json& oracle
   const bool torch_ok = oracle.at("ok").get<bool>();
   if (!mine.ok || !torch_ok) {
     if (mine.ok == torch_ok) return "";  // both refuse
-    return mine.ok ? "torch raised (" + oracle.at("error").get<std::string>() + "), ampp returned " +
-                         dtype_name(mine.out.scalar_type())
-                   : "ampp raised (" + mine.error + "), torch returned " +
-                         oracle.at("out").at("dtype").get<std::string>();
+    return mine.ok
+               ? "torch raised (" + oracle.at("error").get<std::string>() + "), ampp returned " +
+                     dtype_name(mine.out.scalar_type())
+               : "ampp raised (" + mine.error + "), torch returned " + oracle.at("out").at("dtype").get<std::string>();
   }
   const auto expected = decode(oracle.at("out"));
   const std::string torch_dtype = dtype_name(expected.scalar_type());
   if (region == torch::kHalf) {
     const std::string mine_dtype = effective_fp16_dtype(mine.out, torch_dtype);
-    return mine_dtype == torch_dtype ? "" : "dtype: ampp " + mine_dtype + " (" + dtype_name(mine.out.scalar_type()) +
-                                                ") torch " + torch_dtype;
+    return mine_dtype == torch_dtype
+               ? ""
+               : "dtype: ampp " + mine_dtype + " (" + dtype_name(mine.out.scalar_type()) + ") torch " + torch_dtype;
   }
   const auto same = ampp_oracle::same_bits(mine.out, expected);
   return same ? "" : same.message();

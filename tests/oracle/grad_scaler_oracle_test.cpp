@@ -104,9 +104,7 @@ json set_to_json(const OptionSet& o, const std::vector<torch::Tensor>& params, c
   return j;
 }
 
-int failures_so_far() {
-  return ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count();
-}
+int failures_so_far() { return ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count(); }
 
 void expect_grads(const std::vector<torch::Tensor>& params, const json& expected, const char* what) {
   for (size_t i = 0; i < params.size(); ++i)
@@ -149,7 +147,8 @@ bool compare_set(const OptionSet& o, const std::vector<torch::Tensor>& init, con
     if (!o.known_difference.empty() && std::isinf(scaler.get_scale()) && !std::isinf(torch_scale)) return true;
     EXPECT_TRUE(same_bits(scaler.scale_tensor(), decode(want.at("scale_tensor")))) << "scale tensor";
     EXPECT_EQ(double_bits(scaler.get_scale()), want.at("get_scale").get<uint64_t>())
-        << "get_scale(): ampp " << scaler.get_scale() << ", torch " << bits_double(want.at("get_scale").get<uint64_t>());
+        << "get_scale(): ampp " << scaler.get_scale() << ", torch "
+        << bits_double(want.at("get_scale").get<uint64_t>());
     EXPECT_EQ(scaler.get_growth_tracker(), want.at("growth_tracker").get<int64_t>()) << "growth tracker";
     if (failures_so_far() != failures_before) return false;
   }

@@ -44,8 +44,8 @@ std::string read_text(const fs::path& path) {
 // A fresh directory per call: concurrent ctest processes never share files.
 fs::path make_work_dir() {
   static std::atomic<int> counter{0};
-  const fs::path dir = fs::temp_directory_path() /
-                       ("ampp_oracle_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  const fs::path dir =
+      fs::temp_directory_path() / ("ampp_oracle_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
   fs::create_directories(dir);
   return dir;
 }
@@ -53,10 +53,14 @@ fs::path make_work_dir() {
 // Integer view with the dtype's element size (bits are moved through it).
 c10::ScalarType int_view(int64_t element_size) {
   switch (element_size) {
-    case 1: return torch::kUInt8;
-    case 2: return torch::kShort;
-    case 4: return torch::kInt;
-    case 8: return torch::kLong;
+    case 1:
+      return torch::kUInt8;
+    case 2:
+      return torch::kShort;
+    case 4:
+      return torch::kInt;
+    case 8:
+      return torch::kLong;
   }
   TORCH_CHECK(false, "ampp_oracle: no integer view for element size ", element_size);
 }
@@ -68,8 +72,8 @@ uint64_t mask_of(int64_t element_size) {
 std::string describe_element(const torch::Tensor& t, int64_t i) {
   std::ostringstream os;
   const auto flat = t.reshape(-1);
-  const auto bits = static_cast<uint64_t>(flat.view(int_view(t.element_size()))[i].item<int64_t>()) &
-                    mask_of(t.element_size());
+  const auto bits =
+      static_cast<uint64_t>(flat.view(int_view(t.element_size()))[i].item<int64_t>()) & mask_of(t.element_size());
   if (c10::isComplexType(t.scalar_type()))
     os << "complex";
   else if (t.scalar_type() == torch::kBool)
@@ -95,7 +99,8 @@ std::optional<json> run(const std::string& script, const json& input) {
     f << input.dump();
     TORCH_CHECK(f.good(), "ampp_oracle: cannot write ", in.string());
   }
-  const std::string command = "AMPP_ORACLE_TORCH=" + std::string(AMPP_ORACLE_TORCH_VERSION) + " " + shell_quote(python) + " " + shell_quote(std::string(AMPP_ORACLE_DIR) + "/" + script) +
+  const std::string command = "AMPP_ORACLE_TORCH=" + std::string(AMPP_ORACLE_TORCH_VERSION) + " " +
+                              shell_quote(python) + " " + shell_quote(std::string(AMPP_ORACLE_DIR) + "/" + script) +
                               " " + shell_quote(in.string()) + " " + shell_quote(out.string()) + " 2>" +
                               shell_quote(err.string());
   const int status = std::system(command.c_str());
@@ -115,28 +120,38 @@ std::optional<json> run(const std::string& script, const json& input) {
 
 std::string skip_message() {
   return std::string("no Python oracle for LibTorch ") + AMPP_ORACLE_TORCH_VERSION + " at " + AMPP_ORACLE_PYTHON +
-         ": " + skip_reason() + " (without torch: run scripts/install-deps.sh, or configure with "
+         ": " + skip_reason() +
+         " (without torch: run scripts/install-deps.sh, or configure with "
          "-DAMPP_PYTHON=<a python with that torch>)";
 }
 
 std::string dtype_name(c10::ScalarType type) {
   switch (type) {
-    case torch::kFloat: return "float32";
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kHalf: return "float16";
-    case torch::kDouble: return "float64";
-    case torch::kLong: return "int64";
-    case torch::kInt: return "int32";
-    case torch::kBool: return "bool";
-    case torch::kComplexFloat: return "complex64";
-    default: break;
+    case torch::kFloat:
+      return "float32";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kHalf:
+      return "float16";
+    case torch::kDouble:
+      return "float64";
+    case torch::kLong:
+      return "int64";
+    case torch::kInt:
+      return "int32";
+    case torch::kBool:
+      return "bool";
+    case torch::kComplexFloat:
+      return "complex64";
+    default:
+      break;
   }
   TORCH_CHECK(false, "ampp_oracle: dtype ", c10::toString(type), " has no oracle name; add it to dtype_name");
 }
 
 c10::ScalarType dtype_from_name(const std::string& name) {
-  for (auto t : {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kDouble, torch::kLong, torch::kInt,
-                 torch::kBool, torch::kComplexFloat})
+  for (auto t : {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kDouble, torch::kLong, torch::kInt, torch::kBool,
+                 torch::kComplexFloat})
     if (dtype_name(t) == name) return t;
   TORCH_CHECK(false, "ampp_oracle: unknown dtype name '", name, "' from the oracle");
 }

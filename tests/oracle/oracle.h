@@ -10,8 +10,8 @@
 // Random inputs are generated once, here, and shipped: both sides then use the same values.
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <optional>

@@ -38,7 +38,8 @@ TEST_F(Bf16Compute, DetectionMatchesProcCpuinfo) {
 
 TEST_F(Bf16Compute, AutomaticFollowsTheHardwareAndCanBeOverridden) {
   if (std::getenv("AMPP_BF16_COMPUTE")) GTEST_SKIP() << "AMPP_BF16_COMPUTE overrides the hardware choice";
-  const auto expected = ampp::precision::cpu_bf16_support().any() ? ampp::Bf16Compute::kNative : ampp::Bf16Compute::kFp32;
+  const auto expected =
+      ampp::precision::cpu_bf16_support().any() ? ampp::Bf16Compute::kNative : ampp::Bf16Compute::kFp32;
   EXPECT_EQ(ampp::default_bf16_compute(), expected);
   {
     ampp::autocast guard(torch::kCPU, torch::kBFloat16);
@@ -123,23 +124,23 @@ TEST_F(Bf16Compute, ConvolutionMatchesFp32Reference) {
 // no fp32 copies of the activations.
 TEST_F(Bf16Compute, BackwardKeepsOnlyStoredOperands) {
   for (auto mode : {ampp::Bf16Compute::kFp32}) {
-  auto x = torch::randn({4, 8}).to(torch::kBFloat16).requires_grad_();
-  auto w = torch::randn({8, 8}, torch::requires_grad());
-  torch::Tensor y;
-  {
-    ampp::autocast guard(torch::kCPU, torch::kBFloat16, true, ampp::AutocastOptions().bf16_compute(mode));
-    y = torch::mm(x, w);
-  }
-  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
-  // The only node between y and the leaves is ampp's function: no ToCopyBackward (an upcast recorded
-  // by autograd, which would save an fp32 copy) in between.
-  const auto& edges = y.grad_fn()->next_edges();
-  ASSERT_EQ(edges.size(), 2u);  // a and b (no bias)
-  for (const auto& e : edges) EXPECT_EQ(e.function->name(), "torch::autograd::AccumulateGrad");
-  y.backward(torch::ones({4, 8}).to(torch::kBFloat16));
-  // d(x @ w)/dw with an all-ones gradient: column sums of x, each repeated over the 8 columns.
-  const auto expected = x.detach().to(torch::kFloat).sum(0).unsqueeze(1).expand({8, 8});
-  EXPECT_TRUE(torch::allclose(w.grad(), expected, 2e-2, 2e-2)) << ampp::to_string(mode);
+    auto x = torch::randn({4, 8}).to(torch::kBFloat16).requires_grad_();
+    auto w = torch::randn({8, 8}, torch::requires_grad());
+    torch::Tensor y;
+    {
+      ampp::autocast guard(torch::kCPU, torch::kBFloat16, true, ampp::AutocastOptions().bf16_compute(mode));
+      y = torch::mm(x, w);
+    }
+    EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+    // The only node between y and the leaves is ampp's function: no ToCopyBackward (an upcast recorded
+    // by autograd, which would save an fp32 copy) in between.
+    const auto& edges = y.grad_fn()->next_edges();
+    ASSERT_EQ(edges.size(), 2u);  // a and b (no bias)
+    for (const auto& e : edges) EXPECT_EQ(e.function->name(), "torch::autograd::AccumulateGrad");
+    y.backward(torch::ones({4, 8}).to(torch::kBFloat16));
+    // d(x @ w)/dw with an all-ones gradient: column sums of x, each repeated over the 8 columns.
+    const auto expected = x.detach().to(torch::kFloat).sum(0).unsqueeze(1).expand({8, 8});
+    EXPECT_TRUE(torch::allclose(w.grad(), expected, 2e-2, 2e-2)) << ampp::to_string(mode);
   }
 }
 

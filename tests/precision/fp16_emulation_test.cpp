@@ -3,8 +3,8 @@
 #include "precision/test_util.h"
 
 #include <ampp/precision/autocast.h>
-#include <ampp/scaling/grad_scaler.h>
 #include <ampp/precision/rounding.h>
+#include <ampp/scaling/grad_scaler.h>
 
 #include <cmath>
 
@@ -19,16 +19,16 @@ TEST_F(Fp16Emulation, RoundingFollowsIeeeHalf) {
   auto r = ampp::precision::round_to_fp16(x);
   EXPECT_EQ(r.scalar_type(), torch::kFloat);
   auto v = [&](int i) { return r[i].item<float>(); };
-  EXPECT_EQ(v(0), 65504.0f);  // max finite
-  EXPECT_EQ(v(1), 65504.0f);  // below the rounding midpoint to 2^16
+  EXPECT_EQ(v(0), 65504.0f);                  // max finite
+  EXPECT_EQ(v(1), 65504.0f);                  // below the rounding midpoint to 2^16
   EXPECT_TRUE(std::isinf(v(2)) && v(2) > 0);  // 65520 rounds up to 2^16: overflow
   EXPECT_TRUE(std::isinf(v(3)) && v(3) < 0);
   EXPECT_EQ(v(4), s);
-  EXPECT_EQ(v(5), 0.0f);      // 2^-25: tie, rounds to even (zero): underflow
-  EXPECT_EQ(v(6), s);         // 0.75 * 2^-24 rounds up to 2^-24
-  EXPECT_EQ(v(7), 2 * s);     // 1.5 * 2^-24: tie, rounds to even (2 * 2^-24)
-  EXPECT_EQ(v(8), std::ldexp(1.0f, -14));  // smallest normal
-  EXPECT_EQ(v(9), 1.0f);                   // 1 + 2^-11: tie between 1 and 1 + 2^-10, to even
+  EXPECT_EQ(v(5), 0.0f);                          // 2^-25: tie, rounds to even (zero): underflow
+  EXPECT_EQ(v(6), s);                             // 0.75 * 2^-24 rounds up to 2^-24
+  EXPECT_EQ(v(7), 2 * s);                         // 1.5 * 2^-24: tie, rounds to even (2 * 2^-24)
+  EXPECT_EQ(v(8), std::ldexp(1.0f, -14));         // smallest normal
+  EXPECT_EQ(v(9), 1.0f);                          // 1 + 2^-11: tie between 1 and 1 + 2^-10, to even
   EXPECT_EQ(v(10), 1.0f + std::ldexp(1.0f, -9));  // 1 + 3*2^-11: tie, to even (1 + 2^-9)
 }
 

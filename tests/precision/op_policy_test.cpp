@@ -1,9 +1,9 @@
 // The op lists: every listed op exists, runs in its documented dtype under the guard, and the lists
 // can be queried and changed at run time.
 
-#include "precision/test_util.h"
-#include "ampp/precision/detail.h"
 #include <ampp/util/torch_version.h>
+#include "ampp/precision/detail.h"
+#include "precision/test_util.h"
 
 #include <ampp/precision/autocast.h>
 #include <ampp/precision/kernels.h>
@@ -27,8 +27,7 @@ TEST_F(OpPolicy, DefaultListsArePyTorch113Cpu) {
   EXPECT_EQ(ampp::ops_with_policy(CastPolicy::kLowerPrecision).size(), 15u);
   EXPECT_EQ(ampp::ops_with_policy(CastPolicy::kPromote).size(), 4u);
   // 126 AutocastCPU registrations in PyTorch 1.13.1: 15 lower + 4 promote + 107 fp32 (incl. BCE).
-  EXPECT_EQ(ampp::ops_with_policy(CastPolicy::kFp32).size() + ampp::ops_with_policy(CastPolicy::kBanned).size(),
-            107u);
+  EXPECT_EQ(ampp::ops_with_policy(CastPolicy::kFp32).size() + ampp::ops_with_policy(CastPolicy::kBanned).size(), 107u);
   EXPECT_EQ(ampp::policy_of("addmm"), CastPolicy::kLowerPrecision);
   EXPECT_EQ(ampp::policy_of("aten::conv2d.padding"), CastPolicy::kLowerPrecision);
   EXPECT_EQ(ampp::policy_of("softmax"), CastPolicy::kNone);  // not on PyTorch 1.13's CPU lists
@@ -149,8 +148,8 @@ TEST_F(OpPolicy, Fp32OpsRunInFp32) {
   };
   for (const auto& [name, out] : outs) {
     EXPECT_EQ(ampp::policy_of(name), CastPolicy::kFp32) << name;
-    EXPECT_TRUE(out.scalar_type() == kF32 || out.scalar_type() == torch::kComplexFloat) << name << " -> "
-                                                                                         << out.scalar_type();
+    EXPECT_TRUE(out.scalar_type() == kF32 || out.scalar_type() == torch::kComplexFloat)
+        << name << " -> " << out.scalar_type();
   }
 }
 
@@ -262,7 +261,7 @@ TEST_F(OpRegistration, BadRegistrationsAreClearErrors) {
   }
   EXPECT_THROW(ampp::register_op_policy("mm", CastPolicy::kFp32SetOptDtype), c10::Error);
   EXPECT_THROW(ampp::register_half_function("mm", torch::kCUDA), c10::Error);  // no CUDA build
-  EXPECT_EQ(ampp::policy_of("mm"), CastPolicy::kLowerPrecision);  // unchanged by failed calls
+  EXPECT_EQ(ampp::policy_of("mm"), CastPolicy::kLowerPrecision);               // unchanged by failed calls
 }
 
 TEST_F(OpRegistration, UninstallRestoresLibTorchKernels) {

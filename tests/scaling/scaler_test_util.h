@@ -19,7 +19,6 @@ namespace ampp_test {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-
 /// A four-weight linear problem: one scripted iteration = scale(loss).backward(), optional injected
 /// non-finite value in the gradient, step(), update().
 struct Tiny {
@@ -57,6 +56,5 @@ inline std::vector<Point> trajectory(ampp::GradScaler& scaler, const std::string
   }
   return out;
 }
-
 
 }  // namespace ampp_test

@@ -26,7 +26,8 @@ TEST(Errors, UnscaleTwiceAndUnscaleAfterStep) {
   scaler.scale(t.p.sum()).backward();
   scaler.unscale_(t.opt);
   EXPECT_EQ(scaler.stage(t.opt), OptState::kUnscaled);
-  AMPP_EXPECT_THROW_WITH(scaler.unscale_(t.opt), "unscale_() has already been called on this optimizer since the last update().");
+  AMPP_EXPECT_THROW_WITH(scaler.unscale_(t.opt),
+                         "unscale_() has already been called on this optimizer since the last update().");
   // The failed call changed nothing: the grads were unscaled exactly once.
   EXPECT_TRUE(torch::equal(t.p.grad(), torch::ones({4})));
   EXPECT_TRUE(scaler.step(t.opt));
@@ -57,8 +58,9 @@ TEST(Errors, MethodsBeforeTheFirstScaleCall) {
   GradScaler scaler;
   Tiny t;
   t.p.mutable_grad() = torch::ones({4});
-  const std::string tail = "but _scale is None.  This may indicate your script did not use "
-                           "scaler.scale(loss or outputs) earlier in the iteration.";
+  const std::string tail =
+      "but _scale is None.  This may indicate your script did not use "
+      "scaler.scale(loss or outputs) earlier in the iteration.";
   AMPP_EXPECT_THROW_WITH(scaler.step(t.opt), "Attempted step " + tail);
   AMPP_EXPECT_THROW_WITH(scaler.unscale_(t.opt), "Attempted unscale_ " + tail);
   AMPP_EXPECT_THROW_WITH(scaler.update(), "Attempted update " + tail);
@@ -75,7 +77,8 @@ TEST(Errors, ClosureRejectedWhenEnabled) {
   GradScaler scaler;
   Tiny t;
   scaler.scale(t.p.sum()).backward();
-  AMPP_EXPECT_THROW_WITH(scaler.step(t.opt, [] { return torch::zeros({}); }), "Closure use is not currently supported if GradScaler is enabled.");
+  AMPP_EXPECT_THROW_WITH(scaler.step(t.opt, [] { return torch::zeros({}); }),
+                         "Closure use is not currently supported if GradScaler is enabled.");
 }
 
 TEST(Errors, Fp16GradientsRejectedUnlessAllowed) {
@@ -112,7 +115,8 @@ TEST(Errors, BadOptionsAreRejectedWithTheFix) {
   for (const auto& c : cases) {
     AMPP_EXPECT_THROW_WITH(GradScaler s(c.options), c.message);
   }
-  AMPP_EXPECT_THROW_WITH(GradScaler s(GradScalerOptions().growth_factor(0.9)), "pass GradScalerOptions().growth_factor(x) with x > 1");
+  AMPP_EXPECT_THROW_WITH(GradScaler s(GradScalerOptions().growth_factor(0.9)),
+                         "pass GradScalerOptions().growth_factor(x) with x > 1");
   // Setters do not re-validate (insightface sets the growth factor to 1 at the cap).
   GradScaler s;
   s.set_growth_factor(1.0);
@@ -128,7 +132,9 @@ TEST(Errors, UpdateWithNonPositiveNewScale) {
 
 TEST(Errors, LoadingAnEmptyOrIncompleteStateDict) {
   GradScaler scaler;
-  AMPP_EXPECT_THROW_WITH(scaler.load_state_dict({}), "The source state dict is empty, possibly because it was saved from a disabled " "instance of GradScaler.");
+  AMPP_EXPECT_THROW_WITH(scaler.load_state_dict({}),
+                         "The source state dict is empty, possibly because it was saved from a disabled "
+                         "instance of GradScaler.");
   ampp::GradScalerStateDict partial{{"scale", 2.0}};
   AMPP_EXPECT_THROW_WITH(scaler.load_state_dict(partial), "key \"growth_factor\" is missing");
 }
@@ -195,8 +201,7 @@ TEST(StateDict, PyTorchOnlyKeysLoad) {
                                {"_growth_tracker", int64_t{1}}};
   GradScaler scaler;
   scaler.load_state_dict(sd);
-  EXPECT_EQ(trajectory(scaler, "FN"),
-            (std::vector<ampp_test::Point>{{2048, 0}, {512, 0}}));
+  EXPECT_EQ(trajectory(scaler, "FN"), (std::vector<ampp_test::Point>{{2048, 0}, {512, 0}}));
 }
 
 TEST(StateDict, ArchiveRoundTripKeepsPolicyState) {

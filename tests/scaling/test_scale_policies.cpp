@@ -29,8 +29,8 @@ TEST(ScaleTrajectory, ScriptedSequenceFollowsPyTorchsRule) {
   GradScaler scaler(small());
   EXPECT_EQ(scaler.get_scale(), 8.0);  // before lazy init: init_scale
   // F F F(grow) F N(backoff) F F F(grow) N N F
-  const std::vector<Point> want = {{8, 1}, {8, 2}, {16, 0}, {16, 1}, {8, 0}, {8, 1},
-                                   {8, 2}, {16, 0}, {8, 0}, {4, 0}, {4, 1}};
+  const std::vector<Point> want = {{8, 1}, {8, 2},  {16, 0}, {16, 1}, {8, 0}, {8, 1},
+                                   {8, 2}, {16, 0}, {8, 0},  {4, 0},  {4, 1}};
   EXPECT_THAT(trajectory(scaler, "FFFFNFFFNNF"), ElementsAreArray(want));
 }
 
@@ -103,7 +103,7 @@ TEST(ScaleTrajectory, TwoOptimizersDecideSeparatelyAndBackOffOnce) {
     return std::make_pair(sa, sb);
   };
   EXPECT_EQ(iteration(false, true), std::make_pair(true, false));
-  EXPECT_EQ(scaler.get_scale(), 4.0);  // one backoff per update, not per optimizer
+  EXPECT_EQ(scaler.get_scale(), 4.0);                    // one backoff per update, not per optimizer
   EXPECT_TRUE(torch::equal(a, torch::full({2}, 0.5f)));  // 1 - 0.5 * 1
   EXPECT_TRUE(torch::equal(b, torch::ones({2})));
   EXPECT_EQ(iteration(true, true), std::make_pair(false, false));
@@ -129,11 +129,11 @@ TEST(ScalePolicies, MaxScaleCapsGrowth) {
 
 TEST(ScalePolicies, ApexDynamicLossScalerViaOptions) {
   // apex LossScaler("dynamic", max_loss_scale=2^24, min_loss_scale=2^15) with a 2-step window.
-  GradScaler scaler(GradScalerOptions().init_scale(1 << 23).growth_interval(2).max_scale(1 << 24)
-                        .min_scale(1 << 15).at_min_scale(MinScaleAction::kIgnore));
-  EXPECT_THAT(trajectory(scaler, "FFFFN"),
-              ElementsAreArray(std::vector<Point>{{1 << 23, 1}, {1 << 24, 0}, {1 << 24, 1}, {1 << 24, 0},
-                                                  {1 << 23, 0}}));
+  GradScaler scaler(
+      GradScalerOptions().init_scale(1 << 23).growth_interval(2).max_scale(1 << 24).min_scale(1 << 15).at_min_scale(
+          MinScaleAction::kIgnore));
+  EXPECT_THAT(trajectory(scaler, "FFFFN"), ElementsAreArray(std::vector<Point>{
+                                               {1 << 23, 1}, {1 << 24, 0}, {1 << 24, 1}, {1 << 24, 0}, {1 << 23, 0}}));
 }
 
 TEST(ScalePolicies, MinScaleFloorRaisesWhenOverflowingAtTheFloor) {
@@ -188,8 +188,7 @@ TEST(ScalePolicies, MinScaleWarnWarnsOncePerStreakAndIgnoreIsSilent) {
 
 TEST(ScalePolicies, ConsecutiveHysteresisBacksOffOnlyOnTheSecondOverflowInARow) {
   GradScaler scaler(small().hysteresis(2));
-  const std::vector<Point> want = {{8, 0}, {4, 0}, {4, 1}, {4, 0}, {4, 1},
-                                   {4, 0}, {2, 0}, {2, 1}, {2, 2}, {4, 0}};
+  const std::vector<Point> want = {{8, 0}, {4, 0}, {4, 1}, {4, 0}, {4, 1}, {4, 0}, {2, 0}, {2, 1}, {2, 2}, {4, 0}};
   EXPECT_THAT(trajectory(scaler, "NNFNFNNFFF"), ElementsAreArray(want));
   EXPECT_EQ(scaler.skipped_steps(), 5);  // every overflow skips, backoff or not
   EXPECT_EQ(scaler.hysteresis_tracker(), 2);
@@ -197,10 +196,10 @@ TEST(ScalePolicies, ConsecutiveHysteresisBacksOffOnlyOnTheSecondOverflowInARow) 
 
 TEST(ScalePolicies, NonConsecutiveHysteresisRefillsOnlyOnGrowth) {
   GradScaler scaler(small().hysteresis(2).consecutive_hysteresis(false));
-  const std::vector<Point> want = {{8, 0}, {4, 0}, {4, 1}, {2, 0}, {2, 1},
+  const std::vector<Point> want = {{8, 0}, {4, 0},   {4, 1},   {2, 0},   {2, 1},
                                    {1, 0}, {0.5, 0}, {0.5, 1}, {0.5, 2}, {1, 0}};
   EXPECT_THAT(trajectory(scaler, "NNFNFNNFFF"), ElementsAreArray(want));
-  EXPECT_EQ(scaler.hysteresis_tracker(), 2);  // refilled by the growth
+  EXPECT_EQ(scaler.hysteresis_tracker(), 2);                 // refilled by the growth
   EXPECT_EQ(trajectory(scaler, "N").back(), (Point{1, 0}));  // budget of 2 again
 }
 
@@ -209,8 +208,8 @@ TEST(ScalePolicies, PolicyPathWithNeutralSettingsEqualsPyTorchsKernelPath) {
   std::string script;
   for (int i = 0; i < 300; ++i) script += (rng() % 5 == 0) ? 'N' : 'F';
   GradScaler plain(GradScalerOptions().init_scale(1024).growth_interval(4).growth_factor(3).backoff_factor(0.3));
-  GradScaler policy(GradScalerOptions().init_scale(1024).growth_interval(4).growth_factor(3).backoff_factor(0.3)
-                        .max_scale(1e30));
+  GradScaler policy(
+      GradScalerOptions().init_scale(1024).growth_interval(4).growth_factor(3).backoff_factor(0.3).max_scale(1e30));
   EXPECT_EQ(trajectory(plain, script), trajectory(policy, script));
 }
 

@@ -5,9 +5,9 @@
 #include "scaler_test_util.h"
 
 #include <ampp/precision/torch_compat.h>
+#include <ampp/util/optimizer_compat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <ampp/util/optimizer_compat.h>
 
 namespace {
 
@@ -29,7 +29,6 @@ Batch make_batch(uint64_t seed) {
   torch::manual_seed(seed);
   return {torch::randn({8, 6}), torch::randn({8, 3})};
 }
-
 
 // Every tensor of the optimizer's per-parameter state, in parameter order.
 std::vector<torch::Tensor> optimizer_state(torch::optim::Optimizer& opt) {
@@ -218,7 +217,10 @@ TEST(Step, DisabledScalerIsAnExactPassThrough) {
   scaler.load_state_dict({});  // no-op, no error
   // Closures pass through to the optimizer.
   int calls = 0;
-  EXPECT_TRUE(scaler.step(off_opt, [&] { ++calls; return torch::zeros({}); }));
+  EXPECT_TRUE(scaler.step(off_opt, [&] {
+    ++calls;
+    return torch::zeros({});
+  }));
   EXPECT_EQ(calls, 1);
 }
 
@@ -301,8 +303,8 @@ TEST(Training, SmallMlpWithBf16AutocastAndScalerLearns) {
   auto w_true = torch::randn({8, 1});
   auto y = torch::sin(x.mm(w_true)) + 0.5 * x.narrow(1, 0, 1);
   torch::manual_seed(1);
-  torch::nn::Sequential net(torch::nn::Linear(8, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
-                            torch::nn::ReLU(), torch::nn::Linear(64, 1));
+  torch::nn::Sequential net(torch::nn::Linear(8, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64), torch::nn::ReLU(),
+                            torch::nn::Linear(64, 1));
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
   GradScaler scaler(GradScalerOptions().growth_interval(50));
 

@@ -108,7 +108,8 @@ TEST(Metrics, PlotsArePngFiles) {
     }
     for (int e = 0; e < 2; ++e) {
       EpochRecord r;
-      r.epoch = e, r.train_loss = 1.0 / (e + 1), r.test_loss = 1.1 / (e + 1), r.train_accuracy = 80 + e, r.test_accuracy = 79 + e;
+      r.epoch = e, r.train_loss = 1.0 / (e + 1), r.test_loss = 1.1 / (e + 1), r.train_accuracy = 80 + e,
+      r.test_accuracy = 79 + e;
       w.write(r);
     }
   }

@@ -36,4 +36,6 @@ TEST(Models, SameSeedSameWeights) {
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
 }
 
-TEST(Models, UnknownNameListsTheChoices) { AMPP_EXPECT_THROW_WITH(make_model("vgg"), "choose one of: mlp, cnn, resnet"); }
+TEST(Models, UnknownNameListsTheChoices) {
+  AMPP_EXPECT_THROW_WITH(make_model("vgg"), "choose one of: mlp, cnn, resnet");
+}

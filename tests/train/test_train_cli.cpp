@@ -40,7 +40,8 @@ Result run_ampp(const std::string& args) {
 // Small, fast and deterministic: 384 synthetic images, cnn with BatchNorm, 1 thread per worker.
 std::string small_run(const fs::path& dir, const std::string& extra) {
   return "train --data synthetic:384 --model cnn --batch-size 32 --lr 0.05 --deterministic --threads 1 --quiet "
-         "--no-plots --out " + (dir / "out").string() + " --checkpoint-dir " + (dir / "ckpt").string() + " " + extra;
+         "--no-plots --out " +
+         (dir / "out").string() + " --checkpoint-dir " + (dir / "ckpt").string() + " " + extra;
 }
 
 // Every tensor of the model.pt files (parameters and buffers of every submodule), compared bit

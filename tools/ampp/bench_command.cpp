@@ -54,8 +54,7 @@ struct OptLevelTiming {
 };
 
 // Median seconds per training step of `model_name` at `level`, and where ampp's own time went.
-OptLevelTiming time_opt_level(const std::string& model_name, const std::string& level,
-                                         const BenchOptions& options) {
+OptLevelTiming time_opt_level(const std::string& model_name, const std::string& level, const BenchOptions& options) {
   torch::manual_seed(0);
   auto model = ampp::train::make_model(model_name);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -113,7 +112,9 @@ int run_bench(const BenchOptions& options) {
   auto inv_scale = torch::full({1}, 0.5f);
   const double bytes = 2.0 * count * per_tensor * 4;  // each value read once and written once
   double fused = median_seconds(5, [&] { ampp::numerics::non_finite_check_and_unscale_(grads, found_inf, inv_scale); });
-  double copy = median_seconds(5, [&] { for (int64_t i = 0; i < count; ++i) grads[i].copy_(sources[i]); });
+  double copy = median_seconds(5, [&] {
+    for (int64_t i = 0; i < count; ++i) grads[i].copy_(sources[i]);
+  });
   double naive = median_seconds(3, [&] {
     for (auto& g : grads) {
       if (!torch::isfinite(g).all().item<bool>()) found_inf.fill_(1);
@@ -124,38 +125,38 @@ int run_bench(const BenchOptions& options) {
   fmt::print("  copy of the same bytes (bandwidth limit) {:8.2f} GB/s\n", bytes / copy / 1e9);
   fmt::print("  ampp fused kernel ({:>7})            {:8.2f} GB/s  = {:.0f}% of the copy\n",
              ampp::numerics::unscale_kernel_variant(), bytes / fused / 1e9, 100 * copy / fused);
-  fmt::print("  naive isfinite().all() + mul_         {:8.2f} GB/s  (fused is {:.1f}x faster)\n",
-             bytes / naive / 1e9, naive / fused);
+  fmt::print("  naive isfinite().all() + mul_         {:8.2f} GB/s  (fused is {:.1f}x faster)\n", bytes / naive / 1e9,
+             naive / fused);
   return 0;
 }
 
-[[maybe_unused]] const bool registered = ampp::cli::register_command({
-    "bench",
-    "Quick same-run benchmark: opt levels vs FP32, fused unscale vs memory bandwidth",
-    [](CLI::App& sub) -> std::function<int()> {
-      auto options = std::make_shared<BenchOptions>();
-      sub.add_option("--models", options->models, "reference models")
-          ->check(CLI::IsMember({"mlp", "cnn", "resnet"}));
-      sub.add_option("--opt-levels", options->levels, "opt levels; the first is the baseline")
-          ->check(ampp::cli::parsed_by(ampp::parse_opt_level, "OPT_LEVEL"));
-      sub.add_option("--dtype", options->dtype, "low-precision type")->check(ampp::cli::parsed_by([](const std::string& text) { return ampp::parse_low_precision_dtype(text, "the value"); }, "DTYPE"));
-      sub.add_option("--loss-scale", options->loss_scale,
-                     "dynamic or a number for O1-O3 (default: the opt level's); 1 drops the scaler, as bf16 allows")
-          ->check([](const std::string& v) {
-            try {
-              ampp::LossScale{v};
-              return std::string();
-            } catch (const std::exception&) {
-              return "'" + v + "' is not \"dynamic\" or a number > 0";
-            }
-          });
-      sub.add_option("--batch-size", options->batch_size)->check(CLI::Range(1, 65536));
-      sub.add_option("--steps", options->steps, "timed steps per configuration")->check(CLI::Range(1, 100000));
-      sub.add_option("--threads", options->threads, "intra-op threads (0: LibTorch's default)")
-          ->check(CLI::NonNegativeNumber);
-      sub.add_option("--unscale-mib", options->unscale_mib, "gradient MiB for the unscale benchmark")
-          ->check(CLI::Range(1, 4096));
-      return [options] { return run_bench(*options); };
-    }});
+[[maybe_unused]] const bool registered = ampp::cli::register_command(
+    {"bench", "Quick same-run benchmark: opt levels vs FP32, fused unscale vs memory bandwidth",
+     [](CLI::App& sub) -> std::function<int()> {
+       auto options = std::make_shared<BenchOptions>();
+       sub.add_option("--models", options->models, "reference models")->check(CLI::IsMember({"mlp", "cnn", "resnet"}));
+       sub.add_option("--opt-levels", options->levels, "opt levels; the first is the baseline")
+           ->check(ampp::cli::parsed_by(ampp::parse_opt_level, "OPT_LEVEL"));
+       sub.add_option("--dtype", options->dtype, "low-precision type")
+           ->check(ampp::cli::parsed_by(
+               [](const std::string& text) { return ampp::parse_low_precision_dtype(text, "the value"); }, "DTYPE"));
+       sub.add_option("--loss-scale", options->loss_scale,
+                      "dynamic or a number for O1-O3 (default: the opt level's); 1 drops the scaler, as bf16 allows")
+           ->check([](const std::string& v) {
+             try {
+               ampp::LossScale{v};
+               return std::string();
+             } catch (const std::exception&) {
+               return "'" + v + "' is not \"dynamic\" or a number > 0";
+             }
+           });
+       sub.add_option("--batch-size", options->batch_size)->check(CLI::Range(1, 65536));
+       sub.add_option("--steps", options->steps, "timed steps per configuration")->check(CLI::Range(1, 100000));
+       sub.add_option("--threads", options->threads, "intra-op threads (0: LibTorch's default)")
+           ->check(CLI::NonNegativeNumber);
+       sub.add_option("--unscale-mib", options->unscale_mib, "gradient MiB for the unscale benchmark")
+           ->check(CLI::Range(1, 4096));
+       return [options] { return run_bench(*options); };
+     }});
 
 }  // namespace

@@ -2,8 +2,8 @@
 // Subcommands of `ampp` register themselves here from their own translation unit, so that
 // `train`, `run` and `bench` stay independent files. Safe because they are linked into the
 // executable directly (static initialisers in an executable's own objects always run).
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <CLI/CLI.hpp>
 
 #include <functional>
 #include <map>

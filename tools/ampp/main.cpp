@@ -46,8 +46,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ampp: automatic mixed precision and data-parallel training for LibTorch"};
   app.require_subcommand(1);
   auto& commands = ampp::cli::commands();
-  std::sort(commands.begin(), commands.end(),
-            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::sort(commands.begin(), commands.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   std::map<CLI::App*, std::function<int()>> runners;
   for (auto& command : commands) {
     CLI::App* sub = app.add_subcommand(command.name, command.description);

@@ -2,9 +2,9 @@
 //   ampp run --nproc-per-node 2 -- ./train --epochs 3
 #include <algorithm>
 #include <climits>
-#include <map>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,12 +63,13 @@ int parse_nproc(const std::string& text) {
 int parse_nnodes(const std::string& text) {
   const size_t colon = text.find(':');
   if (colon == std::string::npos) return parse_int("--nnodes", text);
-  TORCH_CHECK(text.find(':', colon + 1) == std::string::npos, "--nnodes=", text,
-              " is not in \"MIN:MAX\" format");
+  TORCH_CHECK(text.find(':', colon + 1) == std::string::npos, "--nnodes=", text, " is not in \"MIN:MAX\" format");
   const int lo = parse_int("--nnodes (MIN)", text.substr(0, colon));
   const int hi = parse_int("--nnodes (MAX)", text.substr(colon + 1));
-  TORCH_CHECK(lo == hi, "--nnodes=", text, ": elastic node ranges need a dynamic rendezvous, which "
-              "ampp run does not implement; give a fixed node count such as --nnodes ", hi);
+  TORCH_CHECK(lo == hi, "--nnodes=", text,
+              ": elastic node ranges need a dynamic rendezvous, which "
+              "ampp run does not implement; give a fixed node count such as --nnodes ",
+              hi);
   return lo;
 }
 
@@ -84,11 +85,10 @@ int run(const RunArgs& a, std::vector<std::string> program) {
       .shutdown_grace(std::chrono::milliseconds(static_cast<long long>(a.shutdown_grace_s * 1000)))
       .prefix_output(!a.no_prefix)
       .verbose(!a.quiet);
-  TORCH_CHECK(a.shutdown_grace_s >= 0, "--shutdown-grace must be >= 0 seconds (got ",
-              a.shutdown_grace_s, ")");
+  TORCH_CHECK(a.shutdown_grace_s >= 0, "--shutdown-grace must be >= 0 seconds (got ", a.shutdown_grace_s, ")");
   if (a.standalone) {  // torchrun --standalone: one node, local rendezvous on a free port
-    TORCH_CHECK(options.nnodes() == 1, "--standalone runs a single node; drop --nnodes ",
-                options.nnodes(), " or --standalone");
+    TORCH_CHECK(options.nnodes() == 1, "--standalone runs a single node; drop --nnodes ", options.nnodes(),
+                " or --standalone");
     options.master_addr("localhost");
   }
   // The "--" separator before the program (CLI11 keeps it in remaining()).
@@ -96,8 +96,7 @@ int run(const RunArgs& a, std::vector<std::string> program) {
   if (a.no_python && !program.empty() && program.front().size() > 3 &&
       program.front().compare(program.front().size() - 3, 3, ".py") == 0) {
     // --no-python: run a *.py file directly (it needs its own #! line), as torchrun does.
-    program.front() = program.front().find('/') == std::string::npos ? "./" + program.front()
-                                                                      : program.front();
+    program.front() = program.front().find('/') == std::string::npos ? "./" + program.front() : program.front();
   }
   TORCH_CHECK(!program.empty(), "no program given; usage: ampp run [options] -- <program> [args...]");
   return ampp::dist::launch(options, std::move(program));
@@ -114,18 +113,15 @@ const bool registered = ampp::cli::register_command(
            ->capture_default_str();
        sub.add_option("--node-rank,--node_rank", args->node_rank, "This node's rank in 0..nnodes-1")
            ->capture_default_str();
-       sub.add_option("--master-addr,--master_addr", args->master_addr,
-                      "Address of the node with node rank 0")
+       sub.add_option("--master-addr,--master_addr", args->master_addr, "Address of the node with node rank 0")
            ->capture_default_str();
        sub.add_option("--master-port,--master_port", args->master_port,
                       "Rendezvous port (default: a free port on one node, 29500 with several)");
        sub.add_option("--max-restarts,--max_restarts", args->max_restarts,
                       "Restarts of the whole worker group after a failure")
            ->capture_default_str();
-       sub.add_option("--rdzv-id,--rdzv_id", args->run_id, "Job id (TORCHELASTIC_RUN_ID)")
-           ->capture_default_str();
-       sub.add_flag("--standalone", args->standalone,
-                    "Single-node job on localhost with a free port");
+       sub.add_option("--rdzv-id,--rdzv_id", args->run_id, "Job id (TORCHELASTIC_RUN_ID)")->capture_default_str();
+       sub.add_flag("--standalone", args->standalone, "Single-node job on localhost with a free port");
        sub.add_flag("--no-python,--no_python", args->no_python,
                     "Run the program directly, even a *.py file (the default for other files)");
        sub.add_option("--shutdown-grace", args->shutdown_grace_s,
@@ -139,8 +135,8 @@ const bool registered = ampp::cli::register_command(
        // remaining() (prefix_command then stops option parsing there).
        auto unused = std::make_shared<std::string>();  // never assigned, kept alive below
        sub.add_option("program", *unused, "Program and its arguments (after an optional --)")
-           ->check(CLI::Validator([](std::string&) { return std::string("goes to remaining()"); },
-                                  "PROGRAM [ARGS...]", "program"));
+           ->check(CLI::Validator([](std::string&) { return std::string("goes to remaining()"); }, "PROGRAM [ARGS...]",
+                                  "program"));
        sub.validate_positionals();
        sub.prefix_command();
        return [args, unused, &sub]() {

@@ -64,10 +64,10 @@ c10::ScalarType default_low_precision_dtype(c10::DeviceType device_type);
 class Properties {
  public:
   /// The defaults of `level`. apex's default level is O1.
-  Properties(OptLevel level = OptLevel::O1);       // NOLINT(google-explicit-constructor)
+  Properties(OptLevel level = OptLevel::O1);  // NOLINT(google-explicit-constructor)
   /// parse_opt_level(level): "O0".."O3".
-  Properties(const std::string& level);            // NOLINT(google-explicit-constructor)
-  Properties(const char* level);                   // NOLINT(google-explicit-constructor)
+  Properties(const std::string& level);  // NOLINT(google-explicit-constructor)
+  Properties(const char* level);         // NOLINT(google-explicit-constructor)
 
   OptLevel opt_level() const { return opt_level_; }
 

@@ -61,9 +61,13 @@ void collect_tensors(const std::tuple<T...>& t, std::vector<torch::Tensor>& out)
 }
 
 template <typename T>
-std::shared_ptr<torch::nn::Module> module_ptr(const torch::nn::ModuleHolder<T>& h) { return h.ptr(); }
+std::shared_ptr<torch::nn::Module> module_ptr(const torch::nn::ModuleHolder<T>& h) {
+  return h.ptr();
+}
 template <typename T>
-std::shared_ptr<torch::nn::Module> module_ptr(const std::shared_ptr<T>& p) { return p; }
+std::shared_ptr<torch::nn::Module> module_ptr(const std::shared_ptr<T>& p) {
+  return p;
+}
 }  // namespace detail
 
 // RAII form of PyTorch's `with ddp.no_sync():`.
@@ -72,7 +76,8 @@ class [[nodiscard]] NoSyncGuard {
   explicit NoSyncGuard(Reducer& reducer) : reducer_(&reducer), previous_(reducer.require_backward_grad_sync()) {
     reducer.set_require_backward_grad_sync(false);
   }
-  NoSyncGuard(NoSyncGuard&& other) noexcept : reducer_(std::exchange(other.reducer_, nullptr)), previous_(other.previous_) {}
+  NoSyncGuard(NoSyncGuard&& other) noexcept
+      : reducer_(std::exchange(other.reducer_, nullptr)), previous_(other.previous_) {}
   NoSyncGuard(const NoSyncGuard&) = delete;
   NoSyncGuard& operator=(const NoSyncGuard&) = delete;
   NoSyncGuard& operator=(NoSyncGuard&&) = delete;
@@ -106,7 +111,9 @@ class DistributedDataParallel {
     return out;
   }
   template <typename... Args>
-  auto operator()(Args&&... args) { return forward(std::forward<Args>(args)...); }
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
   // ddp->forward(x) reads like the holder it wraps.
   DistributedDataParallel* operator->() { return this; }
 

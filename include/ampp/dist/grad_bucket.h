@@ -12,8 +12,12 @@ class GradBucket {
  public:
   GradBucket(size_t index, size_t bucket_count, torch::Tensor buffer, std::vector<size_t> offsets,
              std::vector<size_t> lengths, std::vector<torch::Tensor> parameters)
-      : index_(index), bucket_count_(bucket_count), buffer_(std::move(buffer)), offsets_(std::move(offsets)),
-        lengths_(std::move(lengths)), parameters_(std::move(parameters)) {}
+      : index_(index),
+        bucket_count_(bucket_count),
+        buffer_(std::move(buffer)),
+        offsets_(std::move(offsets)),
+        lengths_(std::move(lengths)),
+        parameters_(std::move(parameters)) {}
 
   size_t index() const { return index_; }
   // Flat 1-D buffer. Without a hook DDP pre-divides it by the world size; with a hook it holds the

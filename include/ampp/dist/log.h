@@ -24,8 +24,7 @@ void log_info(fmt::format_string<Args...> f, Args&&... args) {
 }
 template <typename... Args>
 void log_warning(fmt::format_string<Args...> f, Args&&... args) {
-  if (log_enabled(LogLevel::kWarning))
-    log_line(LogLevel::kWarning, fmt::format(f, std::forward<Args>(args)...));
+  if (log_enabled(LogLevel::kWarning)) log_line(LogLevel::kWarning, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 void log_debug(fmt::format_string<Args...> f, Args&&... args) {

@@ -74,8 +74,7 @@ struct ProcessGroup::State {
 ProcessGroup init_process_group(const InitOptions& options = {});
 
 // Wrap an existing c10d group (e.g. built by hand on a c10d::HashStore) without rendezvous.
-ProcessGroup wrap_process_group(c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                c10::intrusive_ptr<c10d::Store> store = {},
+ProcessGroup wrap_process_group(c10::intrusive_ptr<c10d::ProcessGroup> pg, c10::intrusive_ptr<c10d::Store> store = {},
                                 std::chrono::milliseconds timeout = kDefaultTimeout);
 
 bool is_initialized();

@@ -22,22 +22,22 @@ struct DistributedDataParallelOptions;  // ddp.h
 // reach its limit; the k-th bucket of a dtype uses size_limits[k] (the last limit repeats); open
 // buckets are closed at the end. Buckets come back in the order they were closed.
 std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(const std::vector<torch::Tensor>& tensors,
-                                                                    const std::vector<int64_t>& size_limits,
-                                                                    const std::vector<size_t>& order);
+                                                                   const std::vector<int64_t>& size_limits,
+                                                                   const std::vector<size_t>& order);
 
 // Diagnostic timeline of the last synchronised backward (steady_clock).
 struct BucketTimeline {
   size_t index = 0;
   size_t num_params = 0;
   int64_t bytes = 0;
-  std::chrono::steady_clock::time_point launched;  // allreduce (hook) started
-  std::chrono::steady_clock::time_point completed; // collective future completed
+  std::chrono::steady_clock::time_point launched;   // allreduce (hook) started
+  std::chrono::steady_clock::time_point completed;  // collective future completed
 };
 struct IterationTimeline {
-  std::chrono::steady_clock::time_point first_hook;     // first gradient ready
-  std::chrono::steady_clock::time_point last_hook;      // last gradient ready (backward compute done)
-  std::chrono::steady_clock::time_point finalize_begin; // autograd graph finished; waits start
-  std::chrono::steady_clock::time_point finalize_end;   // all waits done, grads written
+  std::chrono::steady_clock::time_point first_hook;      // first gradient ready
+  std::chrono::steady_clock::time_point last_hook;       // last gradient ready (backward compute done)
+  std::chrono::steady_clock::time_point finalize_begin;  // autograd graph finished; waits start
+  std::chrono::steady_clock::time_point finalize_end;    // all waits done, grads written
   std::vector<BucketTimeline> buckets;
 };
 

@@ -60,11 +60,8 @@ class ProcessRaisedException : public ProcessException {
 // "process 1 terminated with signal SIGKILL". exit_code() is the code, or -signal as in Python.
 class ProcessExitedException : public ProcessException {
  public:
-  ProcessExitedException(const std::string& message, int error_index, int pid, int exit_code,
-                          std::string signal_name)
-      : ProcessException(message, error_index, pid),
-        exit_code_(exit_code),
-        signal_name_(std::move(signal_name)) {}
+  ProcessExitedException(const std::string& message, int error_index, int pid, int exit_code, std::string signal_name)
+      : ProcessException(message, error_index, pid), exit_code_(exit_code), signal_name_(std::move(signal_name)) {}
   int exit_code() const { return exit_code_; }
   const std::string& signal_name() const { return signal_name_; }  // "" for a plain exit
 
@@ -79,11 +76,9 @@ void spawn_local_ranks(const std::function<void(int)>& fn, int nprocs, const Spa
 // mp.spawn(fn, args=(args...), nprocs=nprocs): fn(i, args...) for i in [0, nprocs). The args are
 // copied into every child by fork(), so references and pointers stay valid there (but changes a
 // child makes are not seen by the parent or the other children).
-template <typename Fn, typename... Args,
-          typename = std::enable_if_t<!std::is_same_v<std::decay_t<Fn>, SpawnOptions>>>
+template <typename Fn, typename... Args, typename = std::enable_if_t<!std::is_same_v<std::decay_t<Fn>, SpawnOptions>>>
 void spawn(Fn&& fn, int nprocs, Args&&... args) {
-  spawn_local_ranks([&](int local_rank) { std::invoke(fn, local_rank, args...); }, nprocs,
-                    SpawnOptions());
+  spawn_local_ranks([&](int local_rank) { std::invoke(fn, local_rank, args...); }, nprocs, SpawnOptions());
 }
 
 // The same with explicit options.

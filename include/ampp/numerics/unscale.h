@@ -18,8 +18,7 @@ namespace ampp::numerics {
 /// found_inf, inv_scale: float32, one element, on the grads' device. Tensors: strided, one device.
 /// On CPU the tensors may mix float, double, bfloat16 and half (one parallel pass over all of them);
 /// on other devices they are grouped by dtype and handed to ATen's op.
-void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf,
-                                   const at::Tensor& inv_scale);
+void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
 /// True if any element of any tensor is inf/-inf/NaN (the same pass with inv_scale 1, read only).
 bool has_non_finite(at::TensorList tensors);

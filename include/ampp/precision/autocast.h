@@ -66,8 +66,7 @@ struct AutocastOptions {
 class autocast {
  public:
   autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled = true);
-  autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled,
-           const AutocastOptions& options);
+  autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled, const AutocastOptions& options);
   ~autocast();
   autocast(const autocast&) = delete;
   autocast& operator=(const autocast&) = delete;
@@ -118,13 +117,11 @@ void clear_autocast_cache();
 CastPolicy policy_of(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
 
 /// All ops with `policy` for `device_type`, sorted ("name" or "name.overload").
-std::vector<std::string> ops_with_policy(CastPolicy policy,
-                                         c10::DeviceType device_type = c10::DeviceType::CPU);
+std::vector<std::string> ops_with_policy(CastPolicy policy, c10::DeviceType device_type = c10::DeviceType::CPU);
 
 /// Set the policy of any registered out-of-place aten op; takes effect immediately, for all threads.
 /// Throws if the op is not registered or is in-place/out=. CastPolicy::kNone removes it from the lists.
-void register_op_policy(const std::string& op, CastPolicy policy,
-                        c10::DeviceType device_type = c10::DeviceType::CPU);
+void register_op_policy(const std::string& op, CastPolicy policy, c10::DeviceType device_type = c10::DeviceType::CPU);
 
 /// apex's names. "half" means the region's lower-precision dtype (bf16 or fp16).
 void register_half_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);

@@ -111,8 +111,7 @@ class GradScaler {
 
   /// Calls unscale_ if not done, then optimizer.step() unless a gradient was inf/NaN.
   /// Returns true if optimizer.step() ran. A closure is rejected when enabled (as in PyTorch).
-  bool step(torch::optim::Optimizer& optimizer,
-            torch::optim::Optimizer::LossClosure closure = nullptr);
+  bool step(torch::optim::Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure = nullptr);
 
   /// Adjusts the scale from the overflow results of all optimizers since the last update
   /// (growth-tracker rule of _amp_update_scale_ plus ampp policies), then resets every optimizer to READY.
@@ -123,7 +122,7 @@ class GradScaler {
   double get_scale() const;
   bool is_enabled() const { return options_.enabled(); }
   double get_growth_factor() const { return options_.growth_factor(); }
-  void set_growth_factor(double v) { options_.growth_factor(v); }    // not re-validated (as PyTorch)
+  void set_growth_factor(double v) { options_.growth_factor(v); }  // not re-validated (as PyTorch)
   double get_backoff_factor() const { return options_.backoff_factor(); }
   void set_backoff_factor(double v) { options_.backoff_factor(v); }  // not re-validated (as PyTorch)
   int64_t get_growth_interval() const { return options_.growth_interval(); }

@@ -63,8 +63,8 @@ struct RunPosition {
   int64_t batch = 0;        // batches of that epoch already done
   int64_t global_step = 0;
   int64_t skipped_total = 0;
-  double elapsed = 0;       // seconds of training so far
-  EpochSums epoch_sums;     // the epoch's running sums as global totals (meaningful on rank 0)
+  double elapsed = 0;    // seconds of training so far
+  EpochSums epoch_sums;  // the epoch's running sums as global totals (meaningful on rank 0)
 };
 
 // The live objects a training checkpoint is written from and read into.

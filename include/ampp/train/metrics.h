@@ -14,14 +14,14 @@ namespace ampp::train {
 
 struct StepRecord {
   int64_t epoch = 0;
-  int64_t step = 0;          // optimizer iterations since the start of training (1-based)
-  double loss = 0;           // this rank's batch loss (unscaled)
-  double loss_scale = 1;     // scale after this step's update (1 when no scaler)
-  bool skipped = false;      // the optimizer step was skipped (inf/NaN gradients)
+  int64_t step = 0;       // optimizer iterations since the start of training (1-based)
+  double loss = 0;        // this rank's batch loss (unscaled)
+  double loss_scale = 1;  // scale after this step's update (1 when no scaler)
+  bool skipped = false;   // the optimizer step was skipped (inf/NaN gradients)
   int64_t skipped_total = 0;
   double lr = 0;
-  double images_per_sec = 0; // global images per second over the last logging interval
-  double elapsed = 0;        // seconds since training started
+  double images_per_sec = 0;  // global images per second over the last logging interval
+  double elapsed = 0;         // seconds since training started
 };
 
 struct EpochRecord {
@@ -30,7 +30,7 @@ struct EpochRecord {
   double train_loss = 0;
   double train_accuracy = 0;  // percent
   double test_loss = 0;
-  double test_accuracy = 0;   // percent
+  double test_accuracy = 0;  // percent
   double seconds = 0;
   double images_per_sec = 0;
   int64_t skipped_total = 0;

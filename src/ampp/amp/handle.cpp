@@ -26,7 +26,6 @@ void copy_masters_to_model(const AmpState& st, const OptimizerRecord& rec) {
 
 bool is_floating(const torch::Tensor& t) { return t.defined() && t.is_floating_point(); }
 
-
 }  // namespace
 
 Amp::Amp(std::shared_ptr<detail::AmpState> state) : state_(std::move(state)) {}
@@ -36,7 +35,8 @@ bool Amp::step() {
   bool all_stepped = true;
   for (auto& rec : st.optimizers) {
     detail::fill_pending_zero_grads(rec);  // zero_grad() then step() without a backward: LibTorch would step zeros
-    TORCH_CHECK(!rec.has_scaled_grads, "Amp::step(): the gradients are still scaled because the last backward used "
+    TORCH_CHECK(!rec.has_scaled_grads,
+                "Amp::step(): the gradients are still scaled because the last backward used "
                 "delay_unscale(true). Run the last micro-batch's scale_loss(...).backward() without delay_unscale "
                 "before step().");
     if (rec.skip_next_step) {
@@ -94,7 +94,8 @@ ampp::autocast Amp::autocast() const {
   const bool active = st.enabled() && (st.props.patch_torch_functions() || st.model_cast_low);
   if (active) return ampp::autocast(st.device_type, st.low_dtype, true);
   // O0, casts to FP32, disabled: leave whatever region the caller is in exactly as it is.
-  return ampp::autocast(st.device_type, ampp::autocast_dtype(st.device_type), ampp::is_autocast_enabled(st.device_type));
+  return ampp::autocast(st.device_type, ampp::autocast_dtype(st.device_type),
+                        ampp::is_autocast_enabled(st.device_type));
 }
 
 torch::Tensor Amp::cast_input(const torch::Tensor& input) const {
@@ -175,8 +176,9 @@ void Amp::load_state_dict(const AmpStateDict& state) {
       unexpected.push_back(key);
     }
   }
-  TORCH_CHECK(unexpected.empty(), "Error(s) in loading state_dict. Unexpected key(s) in state_dict: ",
-              c10::Join(", ", unexpected), ". Expected \"loss_scaler<i>\" entries (and \"master_params\" under O2).");
+  TORCH_CHECK(unexpected.empty(),
+              "Error(s) in loading state_dict. Unexpected key(s) in state_dict: ", c10::Join(", ", unexpected),
+              ". Expected \"loss_scaler<i>\" entries (and \"master_params\" under O2).");
   if (n_scalers != st.scalers.size()) {
     TORCH_WARN("Amp::load_state_dict: the state dict has ", n_scalers, " loss scaler(s) while this handle uses ",
                st.scalers.size(), "; loading the first ", std::min(n_scalers, st.scalers.size()), ".");
@@ -202,8 +204,11 @@ void Amp::load_state_dict(const AmpStateDict& state) {
     sync_masters_from_model();
     return;
   }
-  TORCH_CHECK(st.use_masters, "Amp::load_state_dict: the state dict holds FP32 master weights, but this handle has "
-              "none (opt level ", to_string(st.props.opt_level()), "). Load it into a handle initialized with O2 / "
+  TORCH_CHECK(st.use_masters,
+              "Amp::load_state_dict: the state dict holds FP32 master weights, but this handle has "
+              "none (opt level ",
+              to_string(st.props.opt_level()),
+              "). Load it into a handle initialized with O2 / "
               "master_weights(true), or drop \"master_params\".");
   const auto masters = masters_it->second.toTensorVector();
   size_t k = 0;

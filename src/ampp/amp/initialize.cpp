@@ -25,11 +25,13 @@ bool is_low(c10::ScalarType t) { return t == c10::kHalf || t == c10::kBFloat16; 
 void check_runnable(c10::DeviceType device, c10::ScalarType dtype, bool emulate_fp16) {
   const std::string dev = c10::DeviceTypeName(device, /*lower_case=*/true);
   if (device == c10::DeviceType::CUDA) return;
-  TORCH_CHECK(device == c10::DeviceType::CPU, "ampp::initialize: ", c10::toString(dtype), " was requested for a model on ",
-              dev, ", where neither LibTorch kernels nor ampp's emulation can run it (ampp supports CPU and CUDA). "
+  TORCH_CHECK(device == c10::DeviceType::CPU, "ampp::initialize: ", c10::toString(dtype),
+              " was requested for a model on ", dev,
+              ", where neither LibTorch kernels nor ampp's emulation can run it (ampp supports CPU and CUDA). "
               "Move the model to CPU or CUDA, or use OptLevel::O0.");
   if (dtype == c10::kHalf) {
-    TORCH_CHECK(emulate_fp16, "ampp::initialize: fp16 was requested on CPU, where LibTorch 1.13 has no fp16 kernels, "
+    TORCH_CHECK(emulate_fp16,
+                "ampp::initialize: fp16 was requested on CPU, where LibTorch 1.13 has no fp16 kernels, "
                 "and Properties::emulate_fp16(false) forbids ampp's fp16 emulation, so nothing can run it. Use "
                 "Properties::dtype(torch::kBFloat16) (native on CPU), allow the emulation, or train on CUDA.");
   }
@@ -75,11 +77,13 @@ OptimizerRecord make_record(torch::optim::Optimizer& optimizer, const AmpState& 
       if (st.use_masters) {
         TORCH_CHECK(claimed.insert(impl).second, "ampp::initialize: a parameter of shape ", p.sizes(),
                     " appears in more than one optimizer (or twice in optimizer ", index, "). Under ",
-                    to_string(st.props.opt_level()), " each parameter gets one FP32 master, so give every parameter "
+                    to_string(st.props.opt_level()),
+                    " each parameter gets one FP32 master, so give every parameter "
                     "to exactly one optimizer.");
         TORCH_CHECK(in_model || !p.is_floating_point() || p.scalar_type() == torch::kFloat,
-                    "ampp::initialize: optimizer ", index, " (param group ", g, ") holds a ", c10::toString(p.scalar_type()),
-                    " tensor of shape ", p.sizes(), " that is not a parameter of the model passed to initialize(). "
+                    "ampp::initialize: optimizer ", index, " (param group ", g, ") holds a ",
+                    c10::toString(p.scalar_type()), " tensor of shape ", p.sizes(),
+                    " that is not a parameter of the model passed to initialize(). "
                     "Build the optimizer from that model's parameters (model->parameters()) and pass an FP32 model.");
       }
       if (is_cast && st.use_masters && p.requires_grad()) {
@@ -94,9 +98,9 @@ OptimizerRecord make_record(torch::optim::Optimizer& optimizer, const AmpState& 
       rec.slots.push_back(std::move(slot));
     }
   }
-  TORCH_CHECK(!st.use_masters || held > 0 || rec.slots.empty(),
-              "ampp::initialize: optimizer ", index, " holds none of the model's parameters. Under ",
-              to_string(st.props.opt_level()), " ampp replaces the optimizer's low-precision model parameters by FP32 "
+  TORCH_CHECK(!st.use_masters || held > 0 || rec.slots.empty(), "ampp::initialize: optimizer ", index,
+              " holds none of the model's parameters. Under ", to_string(st.props.opt_level()),
+              " ampp replaces the optimizer's low-precision model parameters by FP32 "
               "master copies, so the optimizer must be built from the same model object passed to initialize() "
               "(torch::optim::SGD opt(model->parameters(), ...)), before initialize() is called.");
   return rec;
@@ -114,7 +118,8 @@ std::vector<detail::OptimizerRecord*> detail::AmpState::records_for(
   for (auto* opt : subset) {
     auto it = std::find_if(optimizers.begin(), optimizers.end(),
                            [&](const OptimizerRecord& r) { return r.optimizer == opt; });
-    TORCH_CHECK(it != optimizers.end(), "scale_loss: one of the given optimizers was not passed to ampp::initialize(); "
+    TORCH_CHECK(it != optimizers.end(),
+                "scale_loss: one of the given optimizers was not passed to ampp::initialize(); "
                 "list only optimizers of this handle (or none, meaning all).");
     out.push_back(&*it);
   }
@@ -128,7 +133,8 @@ Amp initialize(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
   std::unordered_set<const torch::optim::Optimizer*> seen;
   for (auto* opt : optimizers) {
     TORCH_CHECK(opt != nullptr, "ampp::initialize: an optimizer is null.");
-    TORCH_CHECK(seen.insert(opt).second, "ampp::initialize: the same optimizer was passed twice. "
+    TORCH_CHECK(seen.insert(opt).second,
+                "ampp::initialize: the same optimizer was passed twice. "
                 "A given optimizer should be passed to ampp::initialize exactly once.");
   }
 
@@ -173,7 +179,8 @@ Amp initialize(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
     size_t orphans = 0;
     for (const auto& t : st->cast_params) orphans += t.requires_grad() && !claimed.count(t.unsafeGetTensorImpl());
     if (orphans > 0 && !optimizers.empty()) {
-      TORCH_WARN("ampp::initialize: ", orphans, " trainable model parameter(s) are in no optimizer and will not be "
+      TORCH_WARN("ampp::initialize: ", orphans,
+                 " trainable model parameter(s) are in no optimizer and will not be "
                  "updated. Give them to an optimizer or set requires_grad(false).");
     }
   }

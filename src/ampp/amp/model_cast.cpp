@@ -37,11 +37,14 @@ c10::DeviceType model_device_type(const std::vector<std::shared_ptr<torch::nn::M
       first_name = name;
       return;
     }
-    TORCH_CHECK(t.device().type() == first->type(), "ampp::initialize: the model's tensors live on different device "
-                "types ('", first_name, "' on ", first->str(), ", '", name, "' on ", t.device().str(),
+    TORCH_CHECK(t.device().type() == first->type(),
+                "ampp::initialize: the model's tensors live on different device "
+                "types ('",
+                first_name, "' on ", first->str(), ", '", name, "' on ", t.device().str(),
                 "). Move the whole model to one device (model->to(device)) before initialize().");
   });
-  TORCH_CHECK(first.has_value(), "ampp::initialize: the model has no floating-point parameters or buffers, so there "
+  TORCH_CHECK(first.has_value(),
+              "ampp::initialize: the model has no floating-point parameters or buffers, so there "
               "is nothing to train in mixed precision. Pass the model whose parameters the optimizer updates.");
   return first->type();
 }
@@ -50,7 +53,8 @@ void check_model_fp32(const std::vector<std::shared_ptr<torch::nn::Module>>& mod
   for_each_tensor(models, [&](const std::string& name, const torch::Tensor& t, const char* kind) {
     if (!t.defined() || !t.is_floating_point()) return;
     TORCH_CHECK(t.scalar_type() == torch::kFloat, "ampp::initialize expects an FP32 model, but ", kind, " '", name,
-                "' is ", c10::toString(t.scalar_type()), ". Do not cast the model yourself (no ->to(torch::kHalf)): "
+                "' is ", c10::toString(t.scalar_type()),
+                ". Do not cast the model yourself (no ->to(torch::kHalf)): "
                 "initialize() casts it as the opt level requires. (Was initialize() already called on this model?)");
   });
 }

@@ -19,10 +19,14 @@ OptLevel parse_opt_level(const std::string& text) {
 
 const char* to_string(OptLevel level) {
   switch (level) {
-    case OptLevel::O0: return "O0";
-    case OptLevel::O1: return "O1";
-    case OptLevel::O2: return "O2";
-    case OptLevel::O3: return "O3";
+    case OptLevel::O0:
+      return "O0";
+    case OptLevel::O1:
+      return "O1";
+    case OptLevel::O2:
+      return "O2";
+    case OptLevel::O3:
+      return "O3";
   }
   return "?";
 }

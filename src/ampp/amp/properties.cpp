@@ -19,8 +19,8 @@ std::string describe(const c10::optional<bool>& b) { return b ? (*b ? "True" : "
 // ---- LossScale ---------------------------------------------------------------------------------
 
 LossScale::LossScale(double value) : dynamic_(false), value_(value) {
-  TORCH_CHECK(std::isfinite(value) && value > 0.0, "loss_scale must be \"dynamic\" or a finite number > 0, got ",
-              value, ". A static scale multiplies every loss; use e.g. 128.0, or \"dynamic\".");
+  TORCH_CHECK(std::isfinite(value) && value > 0.0, "loss_scale must be \"dynamic\" or a finite number > 0, got ", value,
+              ". A static scale multiplies every loss; use e.g. 128.0, or \"dynamic\".");
 }
 
 LossScale::LossScale(const char* text) : LossScale(std::string(text ? text : "")) {}
@@ -33,8 +33,9 @@ LossScale::LossScale(const std::string& text) {
 }
 
 double LossScale::value() const {
-  TORCH_CHECK(!dynamic_, "LossScale::value(): this loss scale is dynamic; ask the handle for the live scale "
-                         "(Amp::loss_scale()).");
+  TORCH_CHECK(!dynamic_,
+              "LossScale::value(): this loss scale is dynamic; ask the handle for the live scale "
+              "(Amp::loss_scale()).");
   return value_;
 }
 
@@ -90,10 +91,12 @@ c10::optional<c10::ScalarType> Properties::cast_model_type() const {
 
 Properties& Properties::cast_model_type(c10::ScalarType type) {
   TORCH_CHECK(type == c10::kFloat || is_low_precision(type),
-              "cast_model_type must be torch::kFloat, torch::kHalf or torch::kBFloat16, got ", c10::toString(type), ".");
+              "cast_model_type must be torch::kFloat, torch::kHalf or torch::kBFloat16, got ", c10::toString(type),
+              ".");
   TORCH_CHECK(opt_level_ != OptLevel::O1 || type == c10::kFloat,
               "O1 inserts casts around ops and keeps the model's weights in FP32, so cast_model_type must stay "
-              "float32 (or unset) with O1; got ", c10::toString(type),
+              "float32 (or unset) with O1; got ",
+              c10::toString(type),
               ". To cast the model itself use OptLevel::O2 or O3; to choose O1's autocast dtype use dtype().");
   if (is_low_precision(type)) {
     dtype_ = type;
@@ -115,7 +118,8 @@ Properties& Properties::cast_model_type(c10::nullopt_t) {
 Properties& Properties::patch_torch_functions(bool value) {
   TORCH_CHECK(!value || opt_level_ == OptLevel::O1,
               "patch_torch_functions=true (autocast around forward) is O1's mechanism and can only be had by "
-              "selecting OptLevel::O1; ", ampp::to_string(opt_level_), " casts the model instead.");
+              "selecting OptLevel::O1; ",
+              ampp::to_string(opt_level_), " casts the model instead.");
   patch_torch_functions_ = value;
   return *this;
 }
@@ -123,8 +127,8 @@ Properties& Properties::patch_torch_functions(bool value) {
 Properties& Properties::keep_batchnorm_fp32(bool value) {
   TORCH_CHECK(opt_level_ != OptLevel::O1,
               "With O1 the model stays FP32 and autocast decides per op, so there is no BatchNorm to keep in FP32: "
-              "leave keep_batchnorm_fp32 unset with O1 (it was ", value ? "true" : "false",
-              "). Use OptLevel::O2 or O3 to cast the model.");
+              "leave keep_batchnorm_fp32 unset with O1 (it was ",
+              value ? "true" : "false", "). Use OptLevel::O2 or O3 to cast the model.");
   keep_batchnorm_fp32_ = value;
   return *this;
 }
@@ -203,8 +207,10 @@ Properties& Properties::verbosity(int value) {
 }
 
 Properties& Properties::dtype(c10::ScalarType type) {
-  TORCH_CHECK(is_low_precision(type), "dtype() is the low-precision type and must be torch::kBFloat16 or torch::kHalf, "
-              "got ", c10::toString(type), ". For pure FP32 training use OptLevel::O0.");
+  TORCH_CHECK(is_low_precision(type),
+              "dtype() is the low-precision type and must be torch::kBFloat16 or torch::kHalf, "
+              "got ",
+              c10::toString(type), ". For pure FP32 training use OptLevel::O0.");
   dtype_ = type;
   return *this;
 }

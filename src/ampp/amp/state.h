@@ -39,14 +39,14 @@ struct OptimizerRecord {
 struct AmpState {
   Properties props;
   c10::DeviceType device_type = c10::DeviceType::CPU;
-  c10::ScalarType low_dtype = c10::kBFloat16;        ///< autocast / cast dtype (resolved)
-  c10::optional<c10::ScalarType> cast_type;          ///< what the model was cast to (nullopt: not cast)
-  bool model_cast_low = false;                       ///< cast_type is a low-precision type
-  bool emulate_fp16 = false;                         ///< fp16 on CPU: float32 carriers with fp16 values
+  c10::ScalarType low_dtype = c10::kBFloat16;  ///< autocast / cast dtype (resolved)
+  c10::optional<c10::ScalarType> cast_type;    ///< what the model was cast to (nullopt: not cast)
+  bool model_cast_low = false;                 ///< cast_type is a low-precision type
+  bool emulate_fp16 = false;                   ///< fp16 on CPU: float32 carriers with fp16 values
   bool use_masters = false;
-  bool scales_loss = false;                           ///< false: static 1.0 and no masters -> plain backward
+  bool scales_loss = false;  ///< false: static 1.0 and no masters -> plain backward
   std::vector<std::shared_ptr<torch::nn::Module>> models;
-  std::vector<torch::Tensor> cast_params;            ///< model parameters that were cast (or fp16-rounded)
+  std::vector<torch::Tensor> cast_params;  ///< model parameters that were cast (or fp16-rounded)
   std::vector<OptimizerRecord> optimizers;
   std::vector<std::unique_ptr<GradScaler>> scalers;  ///< one per loss_id
   bool overflow_seen = false;                        ///< set from inside GradScaler::unscale_

@@ -7,8 +7,8 @@
 namespace ampp::dist {
 
 std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(const std::vector<torch::Tensor>& tensors,
-                                                                    const std::vector<int64_t>& size_limits,
-                                                                    const std::vector<size_t>& order) {
+                                                                   const std::vector<int64_t>& size_limits,
+                                                                   const std::vector<size_t>& order) {
   TORCH_CHECK(!size_limits.empty(), "compute_bucket_assignment_by_size: size_limits must not be empty.");
   struct Open {
     std::vector<size_t> indices;

@@ -14,8 +14,13 @@ bool gloo_can_sum(torch::ScalarType t) {
   switch (t) {
     case torch::kBFloat16:
       return compat::kGlooSumsBFloat16;
-    case torch::kFloat: case torch::kDouble: case torch::kHalf: case torch::kChar: case torch::kByte:
-    case torch::kInt: case torch::kLong:
+    case torch::kFloat:
+    case torch::kDouble:
+    case torch::kHalf:
+    case torch::kChar:
+    case torch::kByte:
+    case torch::kInt:
+    case torch::kLong:
       return true;
     default:
       return false;
@@ -23,10 +28,12 @@ bool gloo_can_sum(torch::ScalarType t) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> value_of(c10::intrusive_ptr<c10::ivalue::Future> fut, torch::Tensor value) {
-  return fut->then([value](c10::ivalue::Future& f) {
-    f.value();  // rethrows a collective's error (e.g. Gloo timeout) into the child future
-    return c10::IValue(value);
-  }, c10::TensorType::get());
+  return fut->then(
+      [value](c10::ivalue::Future& f) {
+        f.value();  // rethrows a collective's error (e.g. Gloo timeout) into the child future
+        return c10::IValue(value);
+      },
+      c10::TensorType::get());
 }
 
 }  // namespace
@@ -46,13 +53,15 @@ c10::intrusive_ptr<c10::ivalue::Future> allgather_sum_fp32(const ProcessGroup& g
   std::vector<std::vector<torch::Tensor>> outputs(1);
   for (int r = 0; r < group.size(); ++r) outputs[0].push_back(torch::empty_like(inputs[0]));
   auto work = group.c10d()->allgather(outputs, inputs);
-  return work->getFuture()->then([outputs, dtype](c10::ivalue::Future& f) {
-    f.value();
-    torch::NoGradGuard no_grad;
-    auto sum = torch::zeros(outputs[0][0].sizes(), outputs[0][0].options().dtype(torch::kFloat));
-    for (const auto& o : outputs[0]) sum.add_(o.view(dtype).to(torch::kFloat));
-    return c10::IValue(sum);
-  }, c10::TensorType::get());
+  return work->getFuture()->then(
+      [outputs, dtype](c10::ivalue::Future& f) {
+        f.value();
+        torch::NoGradGuard no_grad;
+        auto sum = torch::zeros(outputs[0][0].sizes(), outputs[0][0].options().dtype(torch::kFloat));
+        for (const auto& o : outputs[0]) sum.add_(o.view(dtype).to(torch::kFloat));
+        return c10::IValue(sum);
+      },
+      c10::TensorType::get());
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum_async(const ProcessGroup& group, torch::Tensor tensor) {
@@ -62,11 +71,14 @@ c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum_async(const ProcessGroup& 
   }
   TORCH_CHECK(tensor.element_size() == 2, "ampp::dist: cannot allreduce ", tensor.scalar_type(),
               " with Gloo; cast to float32 first.");
-  return allgather_sum_fp32(group, tensor)->then([tensor](c10::ivalue::Future& f) {
-    torch::NoGradGuard no_grad;
-    tensor.copy_(f.value().toTensor());
-    return c10::IValue(tensor);
-  }, c10::TensorType::get());
+  return allgather_sum_fp32(group, tensor)
+      ->then(
+          [tensor](c10::ivalue::Future& f) {
+            torch::NoGradGuard no_grad;
+            tensor.copy_(f.value().toTensor());
+            return c10::IValue(tensor);
+          },
+          c10::TensorType::get());
 }
 
 CommHook allreduce_hook(ProcessGroup group) {
@@ -86,12 +98,14 @@ CommHook compress_hook(ProcessGroup group, torch::ScalarType dtype) {
     auto buffer = bucket.buffer();
     auto compressed = buffer.to(dtype).div_(group.size());
     std::vector<torch::Tensor> t{compressed};
-    return group.c10d()->allreduce(t)->getFuture()->then([buffer, compressed](c10::ivalue::Future& f) {
-      f.value();
-      torch::NoGradGuard guard;
-      buffer.copy_(compressed);  // decompress into the bucket's own dtype
-      return c10::IValue(buffer);
-    }, c10::TensorType::get());
+    return group.c10d()->allreduce(t)->getFuture()->then(
+        [buffer, compressed](c10::ivalue::Future& f) {
+          f.value();
+          torch::NoGradGuard guard;
+          buffer.copy_(compressed);  // decompress into the bucket's own dtype
+          return c10::IValue(buffer);
+        },
+        c10::TensorType::get());
   };
 }
 }  // namespace
@@ -108,19 +122,25 @@ CommHook bf16_compress_hook(ProcessGroup group) {
     auto buffer = bucket.buffer();
     const auto world = group.size();
     auto compressed = buffer.to(torch::kBFloat16);
-    return allgather_sum_fp32(group, compressed)->then([buffer, world](c10::ivalue::Future& f) {
-      torch::NoGradGuard guard;
-      buffer.copy_(f.value().toTensor().div_(world));  // average in fp32, then into the bucket dtype
-      return c10::IValue(buffer);
-    }, c10::TensorType::get());
+    return allgather_sum_fp32(group, compressed)
+        ->then(
+            [buffer, world](c10::ivalue::Future& f) {
+              torch::NoGradGuard guard;
+              buffer.copy_(f.value().toTensor().div_(world));  // average in fp32, then into the bucket dtype
+              return c10::IValue(buffer);
+            },
+            c10::TensorType::get());
   };
 }
 
 CommHook builtin_comm_hook(BuiltinCommHook type, ProcessGroup group) {
   switch (type) {
-    case BuiltinCommHook::kAllreduce: return allreduce_hook(std::move(group));
-    case BuiltinCommHook::kFp16Compress: return fp16_compress_hook(std::move(group));
-    case BuiltinCommHook::kBf16Compress: return bf16_compress_hook(std::move(group));
+    case BuiltinCommHook::kAllreduce:
+      return allreduce_hook(std::move(group));
+    case BuiltinCommHook::kFp16Compress:
+      return fp16_compress_hook(std::move(group));
+    case BuiltinCommHook::kBf16Compress:
+      return bf16_compress_hook(std::move(group));
   }
   TORCH_CHECK(false, "ampp::dist::builtin_comm_hook: unknown hook type.");
 }

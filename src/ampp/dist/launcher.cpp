@@ -31,7 +31,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kDefaultMultiNodePort = 29500;  // torchrun's --master-port default
-constexpr size_t kMaxLineBytes = 64 * 1024;    // longer lines are split (never buffered unbounded)
+constexpr size_t kMaxLineBytes = 64 * 1024;   // longer lines are split (never buffered unbounded)
 
 // ---- signals: SIGINT/SIGTERM/SIGHUP to the launcher are written to a self-pipe and forwarded ----
 
@@ -54,14 +54,13 @@ class SignalRelay {
 
   SignalRelay() {
     int fds[2];
-    TORCH_CHECK(::pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0, "launch: cannot create a pipe: ",
-                std::strerror(errno));
+    TORCH_CHECK(::pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0, "launch: cannot create a pipe: ", std::strerror(errno));
     read_fd_ = fds[0];
     write_fd_ = fds[1];
     int expected = -1;
     TORCH_CHECK(g_signal_pipe.compare_exchange_strong(expected, write_fd_),
                 "ampp::dist::launch is already running in this process; launch one group at a time");
-    struct sigaction action {};
+    struct sigaction action{};
     action.sa_handler = on_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
@@ -89,7 +88,7 @@ class SignalRelay {
  private:
   int read_fd_ = -1;
   int write_fd_ = -1;
-  struct sigaction previous_[std::size(kSignals)] {};
+  struct sigaction previous_[std::size(kSignals)]{};
 };
 
 // ---- output: one prefixed line at a time, so ranks never interleave inside a line ----
@@ -108,8 +107,7 @@ void write_fully(int fd, const std::string& text) {
 
 class LineStream {
  public:
-  LineStream(int fd, int out_fd, std::string prefix)
-      : fd_(fd), out_fd_(out_fd), prefix_(std::move(prefix)) {}
+  LineStream(int fd, int out_fd, std::string prefix) : fd_(fd), out_fd_(out_fd), prefix_(std::move(prefix)) {}
   int fd() const { return fd_; }
   bool open() const { return fd_ >= 0; }
 
@@ -170,8 +168,8 @@ bool is_executable(const std::string& path) { return ::access(path.c_str(), X_OK
 // Checks up front that the program exists, for a clear error instead of N "exit code 127"s.
 void check_program(const std::string& program) {
   if (program.find('/') != std::string::npos) {
-    TORCH_CHECK(is_executable(program), "cannot execute '", program, "': ",
-                std::strerror(errno), "; check the path and that the file is executable");
+    TORCH_CHECK(is_executable(program), "cannot execute '", program, "': ", std::strerror(errno),
+                "; check the path and that the file is executable");
     return;
   }
   const char* path = std::getenv("PATH");
@@ -184,8 +182,7 @@ void check_program(const std::string& program) {
     if (is_executable(dir + "/" + program)) return;
     start = end + 1;
   }
-  TORCH_CHECK(false, "program '", program, "' not found in PATH; give its path (e.g. ./",
-              program, ")");
+  TORCH_CHECK(false, "program '", program, "' not found in PATH; give its path (e.g. ./", program, ")");
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -224,18 +221,17 @@ struct Worker {
 };
 
 struct AttemptResult {
-  int failed = -1;          // index of the first worker that failed, -1 if none
-  int failed_status = 0;    // its wait status
+  int failed = -1;        // index of the first worker that failed, -1 if none
+  int failed_status = 0;  // its wait status
   pid_t failed_pid = -1;
-  int interrupted_by = 0;   // signal received by the launcher, 0 if none
+  int interrupted_by = 0;  // signal received by the launcher, 0 if none
 };
 
 void say(const LaunchOptions& o, const std::string& message) {
   if (o.verbose()) write_fully(STDERR_FILENO, "ampp run: " + message + "\n");
 }
 
-[[noreturn]] void exec_worker(const Plan& plan, const std::vector<std::string>& env, int out_fd,
-                              int err_fd) {
+[[noreturn]] void exec_worker(const Plan& plan, const std::vector<std::string>& env, int out_fd, int err_fd) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -252,8 +248,7 @@ void say(const LaunchOptions& o, const std::string& message) {
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   ::execvpe(args[0], args.data(), envp.data());
-  const std::string message =
-      fmt::format("ampp run: cannot execute '{}': {}\n", plan.argv[0], std::strerror(errno));
+  const std::string message = fmt::format("ampp run: cannot execute '{}': {}\n", plan.argv[0], std::strerror(errno));
   [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, message.data(), message.size());
   ::_exit(127);
 }
@@ -283,8 +278,8 @@ void start_worker(const Plan& plan, int local_rank, int restart_count, pid_t lau
   w.rank = o.node_rank() * o.nproc_per_node() + local_rank;
   const std::vector<std::string> env = worker_env(plan, local_rank, restart_count);
   int out[2], err[2];
-  TORCH_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "launch: cannot create pipes: ",
-              std::strerror(errno));
+  TORCH_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0,
+              "launch: cannot create pipes: ", std::strerror(errno));
   const pid_t pid = ::fork();
   if (pid == 0) {
     detail::become_worker_process(launcher, SIGKILL);
@@ -344,8 +339,8 @@ void reap_workers(const LaunchOptions& o, Attempt& attempt) {
     attempt.start_teardown(SIGTERM, o.shutdown_grace());
   }
   if (attempt.kill_at && !attempt.killed && !attempt.all_done() && Clock::now() >= *attempt.kill_at) {
-    say(o, fmt::format("workers still running {} ms after the stop signal; sending SIGKILL",
-                       o.shutdown_grace().count()));
+    say(o,
+        fmt::format("workers still running {} ms after the stop signal; sending SIGKILL", o.shutdown_grace().count()));
     detail::signal_groups(attempt.children, SIGKILL);
     attempt.killed = true;
   }
@@ -393,8 +388,8 @@ void validate(const LaunchOptions& o) {
   TORCH_CHECK(o.shutdown_grace().count() >= 0, "the shutdown grace period must be >= 0 (got ",
               o.shutdown_grace().count(), " ms)");
   TORCH_CHECK(static_cast<long long>(o.nproc_per_node()) * o.nnodes() <= 1 << 24,
-              "LaunchOptions::nproc_per_node x LaunchOptions::nnodes is implausibly large (", o.nproc_per_node(),
-              " x ", o.nnodes(), ")");
+              "LaunchOptions::nproc_per_node x LaunchOptions::nnodes is implausibly large (", o.nproc_per_node(), " x ",
+              o.nnodes(), ")");
 }
 
 namespace {
@@ -446,8 +441,8 @@ Plan make_plan(const LaunchOptions& options, std::vector<std::string> argv) {
   // Without a port: a free one on a single node; torchrun's fixed default when other nodes must
   // agree on it.
   plan.port = options.master_port() != 0 ? options.master_port()
-              : options.nnodes() == 1   ? detail::find_free_port()
-                                        : kDefaultMultiNodePort;
+              : options.nnodes() == 1    ? detail::find_free_port()
+                                         : kDefaultMultiNodePort;
   set_worker_environment(plan);
   return plan;
 }
@@ -472,9 +467,10 @@ std::optional<int> attempt_outcome(const LaunchOptions& options, const AttemptRe
                              options.max_restarts()));
     return std::nullopt;
   }
-  write_fully(STDERR_FILENO,
-              fmt::format("ampp run: error: {}{}; the worker group was terminated\n", cause,
-                          options.max_restarts() > 0 ? fmt::format(" (after {} restarts)", options.max_restarts()) : ""));
+  write_fully(
+      STDERR_FILENO,
+      fmt::format("ampp run: error: {}{}; the worker group was terminated\n", cause,
+                  options.max_restarts() > 0 ? fmt::format(" (after {} restarts)", options.max_restarts()) : ""));
   return 1;
 }
 

@@ -11,9 +11,13 @@ namespace {
 // Gloo only moves float/double/half/int types; other dtypes travel as same-width words.
 torch::Tensor transport_view(const torch::Tensor& flat) {
   switch (flat.scalar_type()) {
-    case torch::kBFloat16: case torch::kShort: return flat.view(torch::kHalf);
-    case torch::kBool: return flat.view(torch::kByte);
-    default: return flat;
+    case torch::kBFloat16:
+    case torch::kShort:
+      return flat.view(torch::kHalf);
+    case torch::kBool:
+      return flat.view(torch::kByte);
+    default:
+      return flat;
   }
 }
 

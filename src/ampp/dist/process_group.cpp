@@ -9,10 +9,10 @@
 #include "torch_compat.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <netdb.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -59,16 +59,15 @@ const char* getenv_nonempty(const char* name) {
 
 std::string require_env(const char* name) {
   const char* v = getenv_nonempty(name);
-  TORCH_CHECK(v, "ampp::dist::init_process_group(env://): environment variable ", name,
-              " expected, but not set. ", kLaunchHint, ".");
+  TORCH_CHECK(v, "ampp::dist::init_process_group(env://): environment variable ", name, " expected, but not set. ",
+              kLaunchHint, ".");
   return v;
 }
 
 Url parse_url(const std::string& method) {
   Url u;
   const auto sep = method.find("://");
-  TORCH_CHECK(sep != std::string::npos,
-              "ampp::dist::init_process_group: init_method '", method,
+  TORCH_CHECK(sep != std::string::npos, "ampp::dist::init_process_group: init_method '", method,
               "' is not a URL. Use env://, tcp://host:port or file:///path.");
   u.scheme = method.substr(0, sep);
   std::string rest = method.substr(sep + 3);
@@ -81,8 +80,8 @@ Url parse_url(const std::string& method) {
       const std::string kv = query.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
       if (!kv.empty()) {
         const auto eq = kv.find('=');
-        TORCH_CHECK(eq != std::string::npos, "ampp::dist::init_process_group: query item '", kv,
-                    "' in '", method, "' has no '='; write ?rank=R&world_size=W.");
+        TORCH_CHECK(eq != std::string::npos, "ampp::dist::init_process_group: query item '", kv, "' in '", method,
+                    "' has no '='; write ?rank=R&world_size=W.");
         u.query[kv.substr(0, eq)] = kv.substr(eq + 1);
       }
       if (amp == std::string::npos) break;
@@ -107,8 +106,8 @@ Url parse_url(const std::string& method) {
     TORCH_CHECK(!u.path.empty(), "ampp::dist::init_process_group: path missing in '", method,
                 "'. Write file:///shared/path/rendezvous (a file visible to every rank).");
   } else {
-    TORCH_CHECK(u.scheme == "env", "ampp::dist::init_process_group: unsupported init_method scheme '",
-                u.scheme, "://'. Use env://, tcp://host:port or file:///path.");
+    TORCH_CHECK(u.scheme == "env", "ampp::dist::init_process_group: unsupported init_method scheme '", u.scheme,
+                "://'. Use env://, tcp://host:port or file:///path.");
   }
   return u;
 }
@@ -120,8 +119,7 @@ std::string local_address_towards(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port > 0 ? port : 1).c_str(), &hints, &res) != 0 || !res)
-    return {};
+  if (getaddrinfo(host.c_str(), std::to_string(port > 0 ? port : 1).c_str(), &hints, &res) != 0 || !res) return {};
   std::string out;
   const int fd = socket(res->ai_family, SOCK_DGRAM, 0);
   if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
@@ -163,31 +161,36 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port
       TORCH_CHECK(!in_use, "ampp::dist::init_process_group: rank 0 cannot listen on port ", port, " (", origin,
                   "): the port is already in use (another job or a leftover process holds it). "
                   "Pick a free port (MASTER_PORT / tcp://host:PORT, `ampp run --master-port`) or stop "
-                  "the other process. c10d said: ", what);
-      TORCH_CHECK(false, "ampp::dist::init_process_group: rank 0 could not start the rendezvous store on port ",
-                  port, " (", origin, "). c10d said: ", what);
+                  "the other process. c10d said: ",
+                  what);
+      TORCH_CHECK(false, "ampp::dist::init_process_group: rank 0 could not start the rendezvous store on port ", port,
+                  " (", origin, "). c10d said: ", what);
     }
     TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " could not reach the master at ", host, ":",
                 port, " (", origin, ") within the timeout of ", seconds(timeout),
                 ". Check that rank 0 is running, that MASTER_ADDR/MASTER_PORT (or the tcp:// URL) name rank 0's "
                 "host and port and are reachable from this host, or raise the timeout if ranks start far apart. "
-                "c10d said: ", what);
+                "c10d said: ",
+                what);
   }
 }
 
 // Store I/O failed because the store's host (rank 0) went away, not because of a timeout.
 void lost_store(int rank, int world, const std::string& what) {
-  TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " lost the connection to the rendezvous store "
-              "while waiting for all ", world, " ranks: rank 0 (the store's host) probably exited, e.g. after an "
-              "error in another rank (see its message). c10d said: ", what);
+  TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank,
+              " lost the connection to the rendezvous store "
+              "while waiting for all ",
+              world,
+              " ranks: rank 0 (the store's host) probably exited, e.g. after an "
+              "error in another rank (see its message). c10d said: ",
+              what);
 }
 
 // Every rank checks in; rank 0 publishes its world size. Each rank compares, and any disagreement
 // (world size, duplicate rank, too many ranks) is written to an error key that every rank polls,
 // so all ranks fail fast with the same message instead of timing out in the backend.
 void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout) {
-  const std::string kWorld = "ampp/init/world_size", kArrived = "ampp/init/arrived",
-                    kError = "ampp/init/error";
+  const std::string kWorld = "ampp/init/world_size", kArrived = "ampp/init/arrived", kError = "ampp/init/error";
   auto to_bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
   auto fail = [&](const std::string& msg) {
     store.set(kError, to_bytes(msg));
@@ -196,9 +199,11 @@ void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono:
   if (rank == 0) store.set(kWorld, to_bytes(std::to_string(world)));
   const auto dup = store.add(fmt::format("ampp/init/rank/{}", rank), 1);
   if (dup > 1)
-    fail(fmt::format("ampp::dist::init_process_group: rank {} was started twice (world_size={}). Give every "
-                     "process a distinct RANK in 0..WORLD_SIZE-1; with file:// also delete a rendezvous file "
-                     "left over from an earlier run.", rank, world));
+    fail(
+        fmt::format("ampp::dist::init_process_group: rank {} was started twice (world_size={}). Give every "
+                    "process a distinct RANK in 0..WORLD_SIZE-1; with file:// also delete a rendezvous file "
+                    "left over from an earlier run.",
+                    rank, world));
   std::vector<uint8_t> w0_bytes;
   try {
     w0_bytes = store.get(kWorld);  // waits (store timeout) for rank 0
@@ -210,18 +215,22 @@ void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono:
     if (!compat::is_store_timeout(what)) lost_store(rank, world, what);
     TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " timed out after ", seconds(timeout),
                 " waiting for rank 0 to join the rendezvous. Start a process with RANK=0, or raise the "
-                "timeout. c10d said: ", e.what());
+                "timeout. c10d said: ",
+                e.what());
   }
   const int w0 = std::atoi(std::string(w0_bytes.begin(), w0_bytes.end()).c_str());
   if (w0 != world)
-    fail(fmt::format("ampp::dist::init_process_group: world-size mismatch: rank {} was started with "
-                     "WORLD_SIZE={} but rank 0 with WORLD_SIZE={}. Start every rank with the same world size.",
-                     rank, world, w0));
+    fail(
+        fmt::format("ampp::dist::init_process_group: world-size mismatch: rank {} was started with "
+                    "WORLD_SIZE={} but rank 0 with WORLD_SIZE={}. Start every rank with the same world size.",
+                    rank, world, w0));
   const auto arrived = store.add(kArrived, 1);
   if (arrived > world)
-    fail(fmt::format("ampp::dist::init_process_group: more processes ({}) joined than WORLD_SIZE={}. Start "
-                     "exactly WORLD_SIZE ranks; with file:// delete a rendezvous file left over from an "
-                     "earlier run.", arrived, world));
+    fail(
+        fmt::format("ampp::dist::init_process_group: more processes ({}) joined than WORLD_SIZE={}. Start "
+                    "exactly WORLD_SIZE ranks; with file:// delete a rendezvous file left over from an "
+                    "earlier run.",
+                    arrived, world));
   const auto start = std::chrono::steady_clock::now();
   for (int64_t n = arrived;; n = store.add(kArrived, 0)) {
     if (store.check({kError})) {
@@ -229,8 +238,8 @@ void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono:
       TORCH_CHECK(false, std::string(msg.begin(), msg.end()), " (reported to rank ", rank, ")");
     }
     if (n == world) break;
-    TORCH_CHECK(n < world, "ampp::dist::init_process_group: more processes (", n, ") joined than WORLD_SIZE=",
-                world, ". Start exactly WORLD_SIZE ranks.");
+    TORCH_CHECK(n < world, "ampp::dist::init_process_group: more processes (", n, ") joined than WORLD_SIZE=", world,
+                ". Start exactly WORLD_SIZE ranks.");
     TORCH_CHECK(std::chrono::steady_clock::now() - start < timeout, "ampp::dist::init_process_group: rank ", rank,
                 " timed out after ", seconds(timeout), " waiting for all ", world, " ranks (", n,
                 " arrived). Start the missing ranks, check that they use the same master address/port, or raise "
@@ -254,10 +263,9 @@ void check_membership(c10d::Store& store, int rank, int world, std::chrono::mill
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const std::string& backend,
-                                                    const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                    int world, std::chrono::milliseconds timeout,
-                                                    const std::string& device_address,
-                                                    const std::string& interface) {
+                                                    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::string& device_address, const std::string& interface) {
   if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     if (!interface.empty())
@@ -273,7 +281,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const std::string& backend,
   TORCH_CHECK(false, "ampp::dist::init_process_group: backend '", backend,
               "' is not available in this LibTorch build (it was built without ", backend == "nccl" ? "NCCL" : "MPI",
               " support; Debian's libtorch is CPU-only with Gloo). Use backend \"gloo\", or link ampp against a "
-              "LibTorch built with ", backend == "nccl" ? "USE_NCCL=1" : "USE_MPI=1", ".");
+              "LibTorch built with ",
+              backend == "nccl" ? "USE_NCCL=1" : "USE_MPI=1", ".");
 }
 
 }  // namespace
@@ -390,15 +399,15 @@ c10::intrusive_ptr<c10d::ProcessGroup> connect_backend(const InitOptions& option
     TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", m.rank, " could not connect the ", options.backend(),
                 " backend to its peers within ", seconds(options.timeout()), " (address ",
                 device_address.empty() ? std::string("default") : device_address,
-                "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ",
-                e.what());
+                "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ", e.what());
   }
 }
 
 void check_init_options(const InitOptions& options) {
   if (options.set_default()) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    TORCH_CHECK(!g_default, "ampp::dist::init_process_group: trying to initialize the default process group "
+    TORCH_CHECK(!g_default,
+                "ampp::dist::init_process_group: trying to initialize the default process group "
                 "twice! Call it once per process (or destroy_process_group() first).");
   }
   TORCH_CHECK(options.timeout().count() > 0, "ampp::dist::init_process_group: timeout must be positive (got ",
@@ -459,7 +468,8 @@ bool is_initialized() {
 
 ProcessGroup default_group() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  TORCH_CHECK(g_default, "Default process group has not been initialized, please make sure to call "
+  TORCH_CHECK(g_default,
+              "Default process group has not been initialized, please make sure to call "
               "ampp::dist::init_process_group().");
   return g_default;
 }

@@ -70,8 +70,8 @@ uint64_t shape_hash(const std::vector<torch::Tensor>& params) {
 
 // All ranks must wrap the same model (PyTorch's _verify_param_shape_across_processes).
 void verify_same_model(const ProcessGroup& group, const std::vector<torch::Tensor>& params) {
-  auto mine = torch::tensor({static_cast<int64_t>(params.size()), static_cast<int64_t>(shape_hash(params))},
-                            torch::kLong);
+  auto mine =
+      torch::tensor({static_cast<int64_t>(params.size()), static_cast<int64_t>(shape_hash(params))}, torch::kLong);
   std::vector<torch::Tensor> in{mine};
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < group.size(); ++r) out[0].push_back(torch::empty_like(mine));
@@ -79,11 +79,15 @@ void verify_same_model(const ProcessGroup& group, const std::vector<torch::Tenso
   const auto ref = out[0][0];
   for (int r = 1; r < group.size(); ++r) {
     const auto other = out[0][r];
-    TORCH_CHECK(other[0].item<int64_t>() == ref[0].item<int64_t>(), "DDP expects same model across all ranks, but Rank ",
-                r, " has ", other[0].item<int64_t>(), " params, while rank 0 has inconsistent ", ref[0].item<int64_t>(),
+    TORCH_CHECK(other[0].item<int64_t>() == ref[0].item<int64_t>(),
+                "DDP expects same model across all ranks, but Rank ", r, " has ", other[0].item<int64_t>(),
+                " params, while rank 0 has inconsistent ", ref[0].item<int64_t>(),
                 " params. Build the same model (same parameters requiring grad) on every rank.");
-    TORCH_CHECK(other[1].item<int64_t>() == ref[1].item<int64_t>(), "DDP expects same model across all ranks, but the "
-                "parameter shapes or dtypes of rank ", r, " do not match those of rank 0. Build the same model "
+    TORCH_CHECK(other[1].item<int64_t>() == ref[1].item<int64_t>(),
+                "DDP expects same model across all ranks, but the "
+                "parameter shapes or dtypes of rank ",
+                r,
+                " do not match those of rank 0. Build the same model "
                 "(same sizes, same dtype, e.g. cast before wrapping) on every rank.");
   }
 }
@@ -111,7 +115,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   bool first_hook_seen = false;
   size_t next_bucket = 0;
   std::vector<char> ready;
-  std::vector<size_t> unused;       // locally unused (find_unused_parameters)
+  std::vector<size_t> unused;  // locally unused (find_unused_parameters)
   bool has_rebuilt_buckets = false;
   std::vector<size_t> ready_order;  // until the rebuild: params in the order their grads became ready
   torch::Tensor local_used;         // int32 per param, allreduced to learn global use
@@ -220,7 +224,8 @@ void Reducer::Impl::refresh_hooks() {
     TORCH_CHECK(params[i].numel() == static_cast<int64_t>(buckets[b].lengths[slot]) &&
                     params[i].scalar_type() == buckets[b].contents.scalar_type(),
                 "ampp::dist::DistributedDataParallel: parameter ", names[i], " changed its shape or dtype (now ",
-                params[i].sizes(), " ", params[i].scalar_type(), ") after DDP was built. Cast or load the model "
+                params[i].sizes(), " ", params[i].scalar_type(),
+                ") after DDP was built. Cast or load the model "
                 "into its final shape and dtype before wrapping it.");
     install_hook(i, torch::autograd::impl::grad_accumulator(params[i]));
   }
@@ -234,21 +239,24 @@ std::string Reducer::Impl::unreduced_report() const {
       idx.push_back(i);
       nm.push_back(names[i]);
     }
-  return fmt::format("\nParameter indices which did not receive grad for rank {}: {}\nParameters which did not "
-                     "receive grad for rank {}: {}",
-                     group.rank(), fmt::join(idx, " "), group.rank(), fmt::join(nm, ", "));
+  return fmt::format(
+      "\nParameter indices which did not receive grad for rank {}: {}\nParameters which did not "
+      "receive grad for rank {}: {}",
+      group.rank(), fmt::join(idx, " "), group.rank(), fmt::join(nm, ", "));
 }
 
 void Reducer::Impl::ensure_prior_reduction_finished() {
   if (!require_finalize) return;
   if (options.find_unused_parameters()) {
-    TORCH_CHECK(false, "Expected to have finished reduction in the prior iteration before starting a new one. "
+    TORCH_CHECK(false,
+                "Expected to have finished reduction in the prior iteration before starting a new one. "
                 "Since `find_unused_parameters=True` is enabled, this likely means that not all `forward` outputs "
                 "participate in computing loss. You can fix this by making sure all `forward` function outputs "
                 "participate in calculating loss (and that backward() ran after each grad-enabled forward).",
                 unreduced_report());
   }
-  TORCH_CHECK(false, "Expected to have finished reduction in the prior iteration before starting a new one. This "
+  TORCH_CHECK(false,
+              "Expected to have finished reduction in the prior iteration before starting a new one. This "
               "error indicates that your module has parameters that were not used in producing loss. You can "
               "enable unused parameter detection by passing DistributedDataParallelOptions()"
               ".find_unused_parameters(true) to ampp::dist::DistributedDataParallel, and by making sure all "
@@ -283,8 +291,9 @@ void Reducer::Impl::prepare_for_backward(const std::vector<torch::Tensor>& outpu
   if (!options.find_unused_parameters()) return;
   local_used = torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt);
   if (outputs.empty()) {
-    log_warning("DistributedDataParallel: forward returned no tensors DDP can see, so unused-parameter "
-                "detection is skipped this iteration (every parameter is expected to get a gradient).");
+    log_warning(
+        "DistributedDataParallel: forward returned no tensors DDP can see, so unused-parameter "
+        "detection is skipped this iteration (every parameter is expected to get a gradient).");
     return;
   }
   // Walk the autograd graph from the outputs; parameters whose accumulator is not reached are unused.
@@ -325,7 +334,8 @@ void Reducer::Impl::autograd_hook(size_t i) {
 
 void Reducer::Impl::mark_variable_ready(size_t i) {
   if (ready[i]) {
-    TORCH_CHECK(false, "Expected to mark a variable ready only once. This error is caused by one of the following "
+    TORCH_CHECK(false,
+                "Expected to mark a variable ready only once. This error is caused by one of the following "
                 "reasons: 1) Use of a module parameter outside the `forward` function, or in several concurrent "
                 "forward-backward passes. 2) Reused parameters in multiple reentrant backward passes (or backward "
                 "run twice on one forward).",
@@ -333,7 +343,8 @@ void Reducer::Impl::mark_variable_ready(size_t i) {
                     ? " 3) Incorrect unused parameter detection: the parameter was not reachable from forward's "
                       "outputs but still received a gradient."
                     : "",
-                " Parameter at index ", i, " with name ", names[i], " has been marked as ready twice. This means "
+                " Parameter at index ", i, " with name ", names[i],
+                " has been marked as ready twice. This means "
                 "that multiple autograd engine hooks have fired for this particular parameter during this iteration.");
   }
   ready[i] = 1;
@@ -429,8 +440,8 @@ void Reducer::Impl::finalize_backward() {
       if (options.gradient_as_bucket_view()) {
         // Locally unused here but used elsewhere: no grad yet, it becomes the reduced slot.
         if (!grad.defined()) grad = bucket.views[k];
-        TORCH_CHECK(is_slot(grad, bucket.views[k]), "ampp::dist::DistributedDataParallel: the gradient of ",
-                    names[v], " was replaced during backward, so it is no longer its DDP bucket slot "
+        TORCH_CHECK(is_slot(grad, bucket.views[k]), "ampp::dist::DistributedDataParallel: the gradient of ", names[v],
+                    " was replaced during backward, so it is no longer its DDP bucket slot "
                     "(gradient_as_bucket_view). Do not assign .grad between forward and the end of backward.");
         continue;
       }
@@ -463,17 +474,21 @@ Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, ProcessGroup group, 
   for (const auto& item : s.module->named_parameters(/*recurse=*/true)) {
     const auto& p = item.value();
     if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    TORCH_CHECK(!p.is_sparse(), "ampp::dist::DistributedDataParallel does not support sparse parameters (", item.key(), ").");
+    TORCH_CHECK(!p.is_sparse(), "ampp::dist::DistributedDataParallel does not support sparse parameters (", item.key(),
+                ").");
     s.params.push_back(p);
     s.names.push_back(item.key());
   }
-  TORCH_CHECK(!s.params.empty(), "DistributedDataParallel is not needed when a module doesn't have any parameter that "
+  TORCH_CHECK(!s.params.empty(),
+              "DistributedDataParallel is not needed when a module doesn't have any parameter that "
               "requires a gradient.");
   const auto device_type = s.params.front().device().type();
   for (size_t i = 0; i < s.params.size(); ++i)
-    TORCH_CHECK(s.params[i].device().type() == device_type, "DistributedDataParallel's input module must be on the "
-                "same type of devices, but parameter ", s.names[i], " is on ", s.params[i].device(), " and ",
-                s.names[0], " on ", s.params[0].device(), ". Move the whole module with ->to(device) first.");
+    TORCH_CHECK(s.params[i].device().type() == device_type,
+                "DistributedDataParallel's input module must be on the "
+                "same type of devices, but parameter ",
+                s.names[i], " is on ", s.params[i].device(), " and ", s.names[0], " on ", s.params[0].device(),
+                ". Move the whole module with ->to(device) first.");
   for (const auto& b : s.module->buffers(/*recurse=*/true)) s.buffers.push_back(b);
 
   verify_same_model(s.group, s.params);
@@ -486,7 +501,8 @@ Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, ProcessGroup group, 
   // Until the first backward shows the real order: reverse registration order, the order in which
   // a feed-forward model's gradients become ready.
   std::vector<size_t> reverse_registration(s.params.size());
-  for (size_t i = 0; i < reverse_registration.size(); ++i) reverse_registration[i] = reverse_registration.size() - 1 - i;
+  for (size_t i = 0; i < reverse_registration.size(); ++i)
+    reverse_registration[i] = reverse_registration.size() - 1 - i;
   s.build_buckets(s.assign_buckets(reverse_registration));
   s.install_hooks();
   log_info("DistributedDataParallel: {} parameters in {} buckets (cap {} MiB, first {} bytes), world size {}",

@@ -7,7 +7,8 @@ namespace ampp::dist {
 DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOptions options)
     : dataset_size_(dataset_size), options_(options), num_replicas_(options.num_replicas()), rank_(options.rank()) {
   if (num_replicas_ < 0 || rank_ < 0) {
-    TORCH_CHECK(is_initialized(), "ampp::dist::DistributedSampler: num_replicas/rank not given and no default "
+    TORCH_CHECK(is_initialized(),
+                "ampp::dist::DistributedSampler: num_replicas/rank not given and no default "
                 "process group: call ampp::dist::init_process_group() first or pass "
                 "DistributedSamplerOptions().num_replicas(R).rank(r).");
     if (num_replicas_ < 0) num_replicas_ = get_world_size();
@@ -23,9 +24,9 @@ DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOp
 
 DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& group,
                                        DistributedSamplerOptions options)
-    : DistributedSampler(dataset_size, options.num_replicas(options.num_replicas() < 0 ? group.size()
-                                                                                          : options.num_replicas())
-                                           .rank(options.rank() < 0 ? group.rank() : options.rank())) {}
+    : DistributedSampler(dataset_size,
+                         options.num_replicas(options.num_replicas() < 0 ? group.size() : options.num_replicas())
+                             .rank(options.rank() < 0 ? group.rank() : options.rank())) {}
 
 void DistributedSampler::compute_num_samples() {
   const auto n = static_cast<int64_t>(dataset_size_), r = num_replicas_;
@@ -57,7 +58,8 @@ std::vector<size_t> DistributedSampler::indices() const {
   }
   std::vector<size_t> mine;
   mine.reserve(num_samples_);
-  for (size_t i = static_cast<size_t>(rank_); i < total; i += static_cast<size_t>(num_replicas_)) mine.push_back(all[i]);
+  for (size_t i = static_cast<size_t>(rank_); i < total; i += static_cast<size_t>(num_replicas_))
+    mine.push_back(all[i]);
   TORCH_INTERNAL_ASSERT(mine.size() == num_samples_);
   return mine;
 }

@@ -72,9 +72,8 @@ void stop_openblas_server_threads() {
 }
 
 // Runs in the child after fork(); never returns.
-[[noreturn]] void run_child(const std::function<void(int)>& fn, int local_rank, int nprocs,
-                            const std::string& addr, int port, int threads,
-                            int parent_threads_if_clamped, int error_fd) {
+[[noreturn]] void run_child(const std::function<void(int)>& fn, int local_rank, int nprocs, const std::string& addr,
+                            int port, int threads, int parent_threads_if_clamped, int error_fd) {
   const std::string n = std::to_string(nprocs), r = std::to_string(local_rank);
   ::setenv("RANK", r.c_str(), 1);
   ::setenv("LOCAL_RANK", r.c_str(), 1);
@@ -258,12 +257,12 @@ int join_children(SpawnedChildren& spawned, std::chrono::milliseconds grace_peri
   }
   if (WIFSIGNALED(child.status)) {
     const std::string name = detail::signal_name(WTERMSIG(child.status));
-    throw ProcessExitedException(fmt::format("process {} terminated with signal {}", failed, name), failed,
-                                 child.pid, -WTERMSIG(child.status), name);
+    throw ProcessExitedException(fmt::format("process {} terminated with signal {}", failed, name), failed, child.pid,
+                                 -WTERMSIG(child.status), name);
   }
   const int code = WIFEXITED(child.status) ? WEXITSTATUS(child.status) : 1;
-  throw ProcessExitedException(fmt::format("process {} terminated with exit code {}", failed, code), failed,
-                               child.pid, code, "");
+  throw ProcessExitedException(fmt::format("process {} terminated with exit code {}", failed, code), failed, child.pid,
+                               code, "");
 }
 
 }  // namespace

@@ -58,12 +58,10 @@ bool supported_dtype(c10::ScalarType t) {
 void check_scalars(const at::Tensor& found_inf, const at::Tensor& inv_scale, const at::Device& device) {
   TORCH_CHECK(inv_scale.defined() && found_inf.defined(),
               "non_finite_check_and_unscale_: inv_scale and found_inf must be defined tensors.");
-  TORCH_CHECK(inv_scale.device() == device,
-              "inv_scale must be on the device of the gradients (", device, "), got ", inv_scale.device(),
-              "; move it with .to(grad.device()).");
-  TORCH_CHECK(found_inf.device() == device,
-              "found_inf must be on the device of the gradients (", device, "), got ", found_inf.device(),
-              "; create it with torch::zeros({}, grad.options().dtype(torch::kFloat)).");
+  TORCH_CHECK(inv_scale.device() == device, "inv_scale must be on the device of the gradients (", device, "), got ",
+              inv_scale.device(), "; move it with .to(grad.device()).");
+  TORCH_CHECK(found_inf.device() == device, "found_inf must be on the device of the gradients (", device, "), got ",
+              found_inf.device(), "; create it with torch::zeros({}, grad.options().dtype(torch::kFloat)).");
   TORCH_CHECK(inv_scale.numel() == 1, "inv_scale must be a 1-element tensor.");
   TORCH_CHECK(found_inf.numel() == 1, "found_inf must be a 1-element tensor.");
   TORCH_CHECK(inv_scale.scalar_type() == at::kFloat, "inv_scale must be a float tensor.");
@@ -126,16 +124,14 @@ void cpu_unscale(at::TensorList grads, at::Tensor& found_inf, float inv) {
 
 }  // namespace
 
-void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf,
-                                   const at::Tensor& inv_scale) {
+void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
   if (scaled_grads.empty()) return;
   const at::Device device = scaled_grads[0].device();
   for (const auto& g : scaled_grads) {
     TORCH_CHECK(g.defined(), "non_finite_check_and_unscale_: got an undefined gradient tensor.");
     TORCH_CHECK(g.device() == device, "scaled_grads must be on the same device.");
     TORCH_CHECK(g.layout() == at::kStrided, "one of scaled_grads was not a strided tensor.");
-    TORCH_CHECK(supported_dtype(g.scalar_type()),
-                "non_finite_check_and_unscale_: gradient dtype ", g.scalar_type(),
+    TORCH_CHECK(supported_dtype(g.scalar_type()), "non_finite_check_and_unscale_: gradient dtype ", g.scalar_type(),
                 " is not supported; gradients must be float, double, bfloat16 or half.");
   }
   check_scalars(found_inf, inv_scale, device);
@@ -166,9 +162,7 @@ bool has_non_finite(at::TensorList tensors) {
   return found.item<float>() != 0.0f;
 }
 
-const char* unscale_kernel_variant() {
-  return kernel() == detail::unscale_span_default ? "default" : "avx2";
-}
+const char* unscale_kernel_variant() { return kernel() == detail::unscale_span_default ? "default" : "avx2"; }
 
 std::vector<std::string> unscale_kernel_variants() {
   std::vector<std::string> names{"default"};

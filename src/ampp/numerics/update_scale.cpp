@@ -17,16 +17,15 @@
 
 namespace ampp::numerics {
 
-at::Tensor& amp_update_scale_(at::Tensor& current_scale, at::Tensor& growth_tracker,
-                              const at::Tensor& found_inf, double growth_factor,
-                              double backoff_factor, int64_t growth_interval) {
+at::Tensor& amp_update_scale_(at::Tensor& current_scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                              double growth_factor, double backoff_factor, int64_t growth_interval) {
   TORCH_CHECK(current_scale.defined() && growth_tracker.defined() && found_inf.defined(),
               "amp_update_scale_: current_scale, growth_tracker and found_inf must be defined tensors.");
   if (!current_scale.device().is_cpu()) {
 #if defined(AMPP_HAVE_ATEN_AMP_UPDATE)
     // CUDA builds: ATen's single-thread kernel (not exercised on this CPU-only machine).
-    return at::_amp_update_scale_(current_scale, growth_tracker, found_inf, growth_factor,
-                                  backoff_factor, growth_interval);
+    return at::_amp_update_scale_(current_scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                                  growth_interval);
 #else
     TORCH_CHECK(false, "amp_update_scale_: no kernel for device ", current_scale.device(),
                 " in this LibTorch build; keep the scale on the CPU.");

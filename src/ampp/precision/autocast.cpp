@@ -5,9 +5,9 @@
 #include <ampp/precision/autocast.h>
 #include <ampp/precision/cpu_features.h>
 
-#include "torch_compat.h"
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
+#include "torch_compat.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -48,9 +48,12 @@ void check_dtype(c10::ScalarType dtype) {
 
 const char* to_string(Bf16Compute compute) {
   switch (compute) {
-    case Bf16Compute::kAutomatic: return "automatic";
-    case Bf16Compute::kNative: return "native";
-    case Bf16Compute::kFp32: return "fp32";
+    case Bf16Compute::kAutomatic:
+      return "automatic";
+    case Bf16Compute::kNative:
+      return "native";
+    case Bf16Compute::kFp32:
+      return "fp32";
   }
   return "?";
 }
@@ -71,8 +74,7 @@ CpuRegion& cpu_region() {
 autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled)
     : autocast(device_type, dtype, enabled, AutocastOptions()) {}
 
-autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled,
-                   const AutocastOptions& options)
+autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled, const AutocastOptions& options)
     : device_type_(device_type) {
   // Validate everything before touching any state: a throwing constructor runs no destructor.
   if (enabled) check_dtype(dtype);
@@ -173,7 +175,8 @@ c10::ScalarType autocast_dtype(c10::DeviceType device_type) {
 
 bool is_fp16_emulated() {
   const auto& region = precision::detail::cpu_region();
-  return precision::compat::autocast_enabled(c10::DeviceType::CPU) && region.active && region.dtype == c10::ScalarType::Half;
+  return precision::compat::autocast_enabled(c10::DeviceType::CPU) && region.active &&
+         region.dtype == c10::ScalarType::Half;
 }
 
 Bf16Compute current_bf16_compute() {

@@ -9,11 +9,11 @@
 #include <ampp/precision/rounding.h>
 
 #include <ATen/ATen.h>
-#include "torch_compat.h"
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+#include "torch_compat.h"
 
 #include <memory>
 #include <mutex>
@@ -67,9 +67,10 @@ c10::ScalarType promote_type(Stack& stack, size_t n, c10::ScalarType lower) {
     if (result == at::kFloat || type == at::kFloat)
       result = at::kFloat;
     else
-      TORCH_CHECK(type == lower, "ampp::autocast: promote op got tensors of two different lower-precision "
-                                 "types (", c10::toString(type), " and ", c10::toString(lower),
-                  "); cast them to one dtype first");
+      TORCH_CHECK(type == lower,
+                  "ampp::autocast: promote op got tensors of two different lower-precision "
+                  "types (",
+                  c10::toString(type), " and ", c10::toString(lower), "); cast them to one dtype first");
   });
   return result;
 }
@@ -103,16 +104,16 @@ at::Tensor conv_stored_operands(const c10::IValue* args, at::ScalarType compute)
   const bool unbatched = x.dim() == w.dim() - 1;
   if (unbatched) x = x.unsqueeze(0);
   at::Tensor out = stored_operand_convolution(x, w, opt_tensor(args[2]), expand(args[3], spatial),
-                                            expand(args[4], spatial), expand(args[5], spatial), false,
-                                            std::vector<int64_t>(spatial, 0), args[6].toInt(), compute);
+                                              expand(args[4], spatial), expand(args[5], spatial), false,
+                                              std::vector<int64_t>(spatial, 0), args[6].toInt(), compute);
   return unbatched ? out.squeeze(0) : out;
 }
 
 // A lower-precision op under CPU bf16 with `compute` = kFloat (Bf16Compute::kFp32) or kBFloat16
 // (native). GEMMs/convolutions go through ampp's stored-operand autograd functions; returns with the
 // result on the stack, or false if the op is not one of those (caller casts as usual).
-bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack,
-                size_t n, at::ScalarType compute) {
+bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack, size_t n,
+                at::ScalarType compute) {
   auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
   auto eligible_arg = [&](size_t i) { return args[i].isTensor() && eligible(args[i].toTensor()); };
   at::Tensor out;
@@ -127,8 +128,7 @@ bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::Disp
     out = conv_stored_operands(&args[0], compute);
   } else if (key == "matmul") {
     // A composite op: let it decompose, with autocast still on, into the mm/bmm handled above.
-    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastCPU),
-                       stack);
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastCPU), stack);
     return true;
   } else if (compute == at::kBFloat16) {
     return false;
@@ -178,9 +178,8 @@ void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
       // Native bf16 uses plain (cached) casts like LibTorch: measured faster and no larger than routing
       // it through the stored-operand functions (docs/precision.md).
       if (fp32_compute && lower_bf16(key, op, ks, stack, n, at::kFloat)) return;
-      map_tensors(*stack, n, [lower](const at::Tensor& t) {
-        return at::autocast::cached_cast(lower, t, c10::DeviceType::CPU);
-      });
+      map_tensors(*stack, n,
+                  [lower](const at::Tensor& t) { return at::autocast::cached_cast(lower, t, c10::DeviceType::CPU); });
       break;
     default:  // none (an op whose registration was removed) and CUDA-only policies: run unchanged
       break;
@@ -215,9 +214,8 @@ void install_locked(Installed& inst) {
   if (inst.library) return;
   QuietOverrides quiet(&is_override_warning);
   libtorch_cpu_autocast_ops();  // snapshot LibTorch's own list before ampp registers over it
-  inst.library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                                  c10::make_optional(c10::DispatchKey::AutocastCPU), __FILE__,
-                                                  __LINE__);
+  inst.library = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::make_optional(c10::DispatchKey::AutocastCPU), __FILE__, __LINE__);
   for (const auto& key : installed_cpu_ops()) inst.add(key);
   for (const auto& key : ops_with_policy(CastPolicy::kLowerPrecision)) inst.add(key);  // user additions
   for (const auto& key : ops_with_policy(CastPolicy::kFp32)) inst.add(key);

@@ -77,7 +77,8 @@ struct Gemm : torch::autograd::Function<Gemm> {
     NoAutocast no_autocast;
     at::Tensor out;
     if (has(bias))
-      out = batched ? at::baddbmm(cast(bias, ct), cast(a, ct), cast(b, ct), beta, alpha) : at::addmm(cast(bias, ct), cast(a, ct), cast(b, ct), beta, alpha);
+      out = batched ? at::baddbmm(cast(bias, ct), cast(a, ct), cast(b, ct), beta, alpha)
+                    : at::addmm(cast(bias, ct), cast(a, ct), cast(b, ct), beta, alpha);
     else
       out = batched ? at::bmm(cast(a, ct), cast(b, ct)) : at::mm(cast(a, ct), cast(b, ct));
     save_operands(ctx, ct, a, b, bias);
@@ -142,13 +143,12 @@ struct Linear : torch::autograd::Function<Linear> {
 
 struct Convolution : torch::autograd::Function<Convolution> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                            const c10::optional<at::Tensor>& bias,
-                            std::vector<int64_t> stride, std::vector<int64_t> padding,
-                            std::vector<int64_t> dilation, bool transposed, std::vector<int64_t> output_padding,
-                            int64_t groups, at::ScalarType ct) {
+                            const c10::optional<at::Tensor>& bias, std::vector<int64_t> stride,
+                            std::vector<int64_t> padding, std::vector<int64_t> dilation, bool transposed,
+                            std::vector<int64_t> output_padding, int64_t groups, at::ScalarType ct) {
     NoAutocast no_autocast;
-    at::Tensor out = at::convolution(cast(x, ct), cast(w, ct), cast_bias(bias, ct), stride, padding, dilation, transposed,
-                                     output_padding, groups);
+    at::Tensor out = at::convolution(cast(x, ct), cast(w, ct), cast_bias(bias, ct), stride, padding, dilation,
+                                     transposed, output_padding, groups);
     save_operands(ctx, ct, x, w, bias);
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
@@ -174,27 +174,29 @@ struct Convolution : torch::autograd::Function<Convolution> {
         ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
         ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["transposed"].toBool(),
         ctx->saved_data["output_padding"].toIntVector(), ctx->saved_data["groups"].toInt(), mask);
-    return {as_dtype_of(gx, x), as_dtype_of(gw, w), bias_grad_dtype(ctx, gbias), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {as_dtype_of(gx, x), as_dtype_of(gw, w), bias_grad_dtype(ctx, gbias),
+            at::Tensor(),       at::Tensor(),       at::Tensor(),
+            at::Tensor(),       at::Tensor(),       at::Tensor(),
+            at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor stored_operand_gemm(const c10::optional<at::Tensor>& bias, const at::Tensor& a, const at::Tensor& b, double beta,
-                             double alpha, bool batched, at::ScalarType compute) {
+at::Tensor stored_operand_gemm(const c10::optional<at::Tensor>& bias, const at::Tensor& a, const at::Tensor& b,
+                               double beta, double alpha, bool batched, at::ScalarType compute) {
   return Gemm::apply(bias, a, b, beta, alpha, batched, compute);
 }
 
 at::Tensor stored_operand_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                               at::ScalarType compute) {
+                                 at::ScalarType compute) {
   return Linear::apply(x, w, bias, compute);
 }
 
 at::Tensor stored_operand_convolution(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                                    std::vector<int64_t> stride, std::vector<int64_t> padding,
-                                    std::vector<int64_t> dilation, bool transposed,
-                                    std::vector<int64_t> output_padding, int64_t groups, at::ScalarType compute) {
+                                      std::vector<int64_t> stride, std::vector<int64_t> padding,
+                                      std::vector<int64_t> dilation, bool transposed,
+                                      std::vector<int64_t> output_padding, int64_t groups, at::ScalarType compute) {
   return Convolution::apply(x, w, bias, std::move(stride), std::move(padding), std::move(dilation), transposed,
                             std::move(output_padding), groups, compute);
 }

@@ -15,14 +15,14 @@ namespace ampp::precision::detail {
 
 // beta * bias + alpha * a @ b (2-D) or batched (3-D); no bias for mm/bmm.
 // (Optional, not undefined, tensors: custom autograd functions reject undefined inputs.)
-at::Tensor stored_operand_gemm(const c10::optional<at::Tensor>& bias, const at::Tensor& a, const at::Tensor& b, double beta,
-                             double alpha, bool batched, at::ScalarType compute);
+at::Tensor stored_operand_gemm(const c10::optional<at::Tensor>& bias, const at::Tensor& a, const at::Tensor& b,
+                               double beta, double alpha, bool batched, at::ScalarType compute);
 at::Tensor stored_operand_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                               at::ScalarType compute);
+                                 at::ScalarType compute);
 at::Tensor stored_operand_convolution(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                                    std::vector<int64_t> stride, std::vector<int64_t> padding,
-                                    std::vector<int64_t> dilation, bool transposed,
-                                    std::vector<int64_t> output_padding, int64_t groups, at::ScalarType compute);
+                                      std::vector<int64_t> stride, std::vector<int64_t> padding,
+                                      std::vector<int64_t> dilation, bool transposed,
+                                      std::vector<int64_t> output_padding, int64_t groups, at::ScalarType compute);
 at::Tensor cached_round_to_fp16(const at::Tensor& t);
 
 }  // namespace ampp::precision::detail

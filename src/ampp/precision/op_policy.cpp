@@ -20,6 +20,7 @@ namespace {
 
 using Table = std::unordered_map<std::string, CastPolicy>;
 
+// clang-format off: the op tables are laid out for reading, not by the formatter.
 // PyTorch 1.13.1 CPU lists (AutocastCPU registrations).
 const char* const kCpuLower[] = {
     "conv1d", "conv1d.padding", "conv2d", "conv2d.padding", "conv3d", "conv3d.padding", "bmm", "mm",
@@ -75,6 +76,7 @@ const char* const kCudaFp32AppendDtype[] = {"norm.Scalar", "norm.ScalarOpt_dim",
 const char* const kCudaPromote[] = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler",
                                     "index_put", "tensordot", "scatter_add"};
 const char* const kCudaBanned[] = {"binary_cross_entropy"};
+// clang-format on
 
 template <size_t N>
 void fill(Table& t, const char* const (&ops)[N], CastPolicy p) {
@@ -149,13 +151,20 @@ c10::OperatorHandle find_op(const std::string& key) {
 
 const char* to_string(CastPolicy policy) {
   switch (policy) {
-    case CastPolicy::kNone: return "none";
-    case CastPolicy::kLowerPrecision: return "lower_precision";
-    case CastPolicy::kFp32: return "fp32";
-    case CastPolicy::kFp32SetOptDtype: return "fp32_set_opt_dtype";
-    case CastPolicy::kFp32AppendDtype: return "fp32_append_dtype";
-    case CastPolicy::kPromote: return "promote";
-    case CastPolicy::kBanned: return "banned";
+    case CastPolicy::kNone:
+      return "none";
+    case CastPolicy::kLowerPrecision:
+      return "lower_precision";
+    case CastPolicy::kFp32:
+      return "fp32";
+    case CastPolicy::kFp32SetOptDtype:
+      return "fp32_set_opt_dtype";
+    case CastPolicy::kFp32AppendDtype:
+      return "fp32_append_dtype";
+    case CastPolicy::kPromote:
+      return "promote";
+    case CastPolicy::kBanned:
+      return "banned";
   }
   return "?";
 }
@@ -185,8 +194,8 @@ std::vector<std::string> ops_with_policy(CastPolicy policy, c10::DeviceType devi
 
 void register_op_policy(const std::string& op, CastPolicy policy, c10::DeviceType device_type) {
   check_device(device_type);
-  TORCH_CHECK(policy == CastPolicy::kNone || policy == CastPolicy::kLowerPrecision ||
-                  policy == CastPolicy::kFp32 || policy == CastPolicy::kPromote || policy == CastPolicy::kBanned,
+  TORCH_CHECK(policy == CastPolicy::kNone || policy == CastPolicy::kLowerPrecision || policy == CastPolicy::kFp32 ||
+                  policy == CastPolicy::kPromote || policy == CastPolicy::kBanned,
               "ampp::register_op_policy: policy '", to_string(policy),
               "' is reserved for LibTorch's built-in CUDA lists; use lower_precision, fp32, promote, banned "
               "or none");

@@ -13,13 +13,9 @@ namespace ampp::precision {
 
 // The casts are recorded by autograd, so backward rounds the incoming gradient the same way:
 // d/dx of to(kHalf) casts the gradient to fp32, d/dx of to(kFloat) casts it to fp16 first.
-at::Tensor round_to_fp16(const at::Tensor& t) {
-  return t.to(at::kHalf).to(at::kFloat);
-}
+at::Tensor round_to_fp16(const at::Tensor& t) { return t.to(at::kHalf).to(at::kFloat); }
 
-at::Tensor round_to_bf16(const at::Tensor& t) {
-  return t.to(at::kBFloat16).to(at::kFloat);
-}
+at::Tensor round_to_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); }
 
 namespace detail {
 namespace {
@@ -52,9 +48,9 @@ at::Tensor cached_round_to_fp16(const at::Tensor& t) {
   if (it != cache.end() && !it->second.source.expired()) return it->second.rounded;
   at::Tensor rounded = round_to_fp16(t);
   cache.erase(t.unsafeGetTensorImpl());
-  cache.emplace(t.unsafeGetTensorImpl(),
-                CacheEntry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
-                           rounded});
+  cache.emplace(
+      t.unsafeGetTensorImpl(),
+      CacheEntry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), rounded});
   return rounded;
 }
 

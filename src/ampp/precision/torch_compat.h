@@ -37,7 +37,7 @@ inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
   return at::autocast::get_autocast_dtype(device);
 #else
   return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
-                                         : at::autocast::get_autocast_gpu_dtype();
+                                        : at::autocast::get_autocast_gpu_dtype();
 #endif
 }
 
@@ -57,9 +57,15 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 inline std::vector<std::pair<const char*, CastPolicy>> cpu_policy_changes() {
 #if AMPP_TORCH_AT_LEAST(2, 0)
   const auto lower = CastPolicy::kLowerPrecision;
-  return {{"conv_transpose1d", lower}, {"conv_transpose2d.input", lower}, {"conv_transpose3d.input", lower},
-          {"prelu", lower}, {"scaled_dot_product_attention", lower}, {"_native_multi_head_attention", lower},
-          {"linalg_vecdot", lower}, {"_addmm_activation", lower}, {"mkldnn_rnn_layer", lower}};
+  return {{"conv_transpose1d", lower},
+          {"conv_transpose2d.input", lower},
+          {"conv_transpose3d.input", lower},
+          {"prelu", lower},
+          {"scaled_dot_product_attention", lower},
+          {"_native_multi_head_attention", lower},
+          {"linalg_vecdot", lower},
+          {"_addmm_activation", lower},
+          {"mkldnn_rnn_layer", lower}};
 #else
   return {};
 #endif

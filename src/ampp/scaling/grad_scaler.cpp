@@ -28,17 +28,16 @@ void validate(const GradScalerOptions& o) {
               "; pass GradScalerOptions().backoff_factor(x) with 0 < x < 1 (PyTorch's default is 0.5).");
   TORCH_CHECK(o.backoff_factor() > 0.0, "The backoff factor must be > 0.0. Got ", o.backoff_factor(),
               "; pass GradScalerOptions().backoff_factor(x) with 0 < x < 1 (PyTorch's default is 0.5).");
-  TORCH_CHECK(std::isfinite(o.init_scale()) && o.init_scale() > 0.0,
-              "The initial scale must be finite and > 0. Got ", o.init_scale(),
-              "; pass GradScalerOptions().init_scale(x), e.g. 65536 (2^16, PyTorch's default).");
+  TORCH_CHECK(std::isfinite(o.init_scale()) && o.init_scale() > 0.0, "The initial scale must be finite and > 0. Got ",
+              o.init_scale(), "; pass GradScalerOptions().init_scale(x), e.g. 65536 (2^16, PyTorch's default).");
   TORCH_CHECK(o.growth_interval() >= 1, "The growth interval must be >= 1. Got ", o.growth_interval(),
               "; pass GradScalerOptions().growth_interval(n) with n >= 1 (PyTorch's default is 2000).");
   TORCH_CHECK(o.max_scale() > 0.0, "max_scale must be > 0 (or +inf for no cap). Got ", o.max_scale(), ".");
   TORCH_CHECK(std::isfinite(o.min_scale()) && o.min_scale() >= 0.0,
               "min_scale must be finite and >= 0 (0 = no floor). Got ", o.min_scale(), ".");
-  TORCH_CHECK(o.min_scale() <= o.init_scale() && o.init_scale() <= o.max_scale(),
-              "init_scale (", o.init_scale(), ") must lie in [min_scale, max_scale] = [", o.min_scale(), ", ",
-              o.max_scale(), "]; lower init_scale to at most max_scale (apex uses min(init_scale, max_loss_scale)) "
+  TORCH_CHECK(o.min_scale() <= o.init_scale() && o.init_scale() <= o.max_scale(), "init_scale (", o.init_scale(),
+              ") must lie in [min_scale, max_scale] = [", o.min_scale(), ", ", o.max_scale(),
+              "]; lower init_scale to at most max_scale (apex uses min(init_scale, max_loss_scale)) "
               "or widen the bounds.");
   TORCH_CHECK(o.hysteresis() >= 1, "hysteresis must be >= 1 (1 = back off on every overflow, as PyTorch). Got ",
               o.hysteresis(), ".");
@@ -185,8 +184,9 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimize
     found_inf_last_step_ = false;
     return true;
   }
-  TORCH_CHECK(!closure, "Closure use is not currently supported if GradScaler is enabled. "
-                        "Compute the loss and call backward() on scaler.scale(loss) before step(optimizer).");
+  TORCH_CHECK(!closure,
+              "Closure use is not currently supported if GradScaler is enabled. "
+              "Compute the loss and call backward() on scaler.scale(loss) before step(optimizer).");
   check_scale_growth_tracker("step");
   TORCH_CHECK(state_of(optimizer).stage != OptState::kStepped,
               "step() has already been called since the last update(). "
@@ -267,21 +267,18 @@ void GradScaler::update() {
           growth_tracker_.fill_(0);
           TORCH_CHECK(false, msg);
         }
-        if (options_.at_min_scale() == MinScaleAction::kWarn &&
-            min_scale_overflows_ == options_.min_scale_patience()) {
+        if (options_.at_min_scale() == MinScaleAction::kWarn && min_scale_overflows_ == options_.min_scale_patience()) {
           TORCH_WARN(msg);
         }
       }
     } else {
-      next = std::max(static_cast<double>(static_cast<float>(scale * options_.backoff_factor())),
-                      options_.min_scale());
+      next = std::max(static_cast<double>(static_cast<float>(scale * options_.backoff_factor())), options_.min_scale());
     }
   } else {
     min_scale_overflows_ = 0;
     if (options_.consecutive_hysteresis()) hysteresis_tracker_ = options_.hysteresis();
     if (tracker + 1 == options_.growth_interval()) {
-      next = std::min(static_cast<double>(static_cast<float>(scale * options_.growth_factor())),
-                      options_.max_scale());
+      next = std::min(static_cast<double>(static_cast<float>(scale * options_.growth_factor())), options_.max_scale());
       hysteresis_tracker_ = options_.hysteresis();
     } else {
       next_tracker = tracker + 1;

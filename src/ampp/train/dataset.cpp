@@ -31,8 +31,8 @@ void read_exact(gzFile file, const std::string& path, void* out, size_t n, const
       TORCH_CHECK(false, "IDX file '", path, "' is corrupt (zlib: ", msg, ") while reading the ", what,
                   "; re-download or reinstall the dataset");
     }
-    TORCH_CHECK(got > 0, "IDX file '", path, "' is truncated: expected ", n, " bytes of ", what,
-                ", got ", done, "; re-download or reinstall the dataset");
+    TORCH_CHECK(got > 0, "IDX file '", path, "' is truncated: expected ", n, " bytes of ", what, ", got ", done,
+                "; re-download or reinstall the dataset");
     done += static_cast<size_t>(got);
   }
 }
@@ -97,7 +97,8 @@ torch::Tensor read_idx(const std::string& path) {
     read_exact(file.get(), path, b, 4, "header");
     shape[i] = big_endian_u32(b);
     numel *= shape[i];
-    TORCH_CHECK(numel <= (int64_t{1} << 34), "IDX file '", path, "' declares an implausibly large array; it is corrupt");
+    TORCH_CHECK(numel <= (int64_t{1} << 34), "IDX file '", path,
+                "' declares an implausibly large array; it is corrupt");
   }
   auto out = torch::empty(shape, torch::kUInt8);
   read_exact(file.get(), path, out.data_ptr<uint8_t>(), static_cast<size_t>(numel), "data");
@@ -111,11 +112,13 @@ DatasetPair load_mnist_folder(const std::string& dir) {
   TORCH_CHECK(fs::is_directory(dir), "dataset folder '", dir, "' does not exist (or is not a folder)");
   DatasetPair pair;
   std::vector<std::string> paths;
-  for (const auto& [stem, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"train-images", "idx3-ubyte"}, {"train-labels", "idx1-ubyte"},
-           {"t10k-images", "idx3-ubyte"}, {"t10k-labels", "idx1-ubyte"}}) {
+  for (const auto& [stem, kind] : std::vector<std::pair<std::string, std::string>>{{"train-images", "idx3-ubyte"},
+                                                                                   {"train-labels", "idx1-ubyte"},
+                                                                                   {"t10k-images", "idx3-ubyte"},
+                                                                                   {"t10k-labels", "idx1-ubyte"}}) {
     std::string p = find_file(dir, stem, kind);
-    TORCH_CHECK(!p.empty(), "dataset folder '", dir, "' has no ", stem, "-", kind, "[.gz]; an MNIST-format folder holds ",
+    TORCH_CHECK(!p.empty(), "dataset folder '", dir, "' has no ", stem, "-", kind,
+                "[.gz]; an MNIST-format folder holds ",
                 "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte ",
                 "(gzip or not)");
     paths.push_back(p);

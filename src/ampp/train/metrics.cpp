@@ -16,11 +16,16 @@ namespace fs = std::filesystem;
 namespace ampp::train {
 
 nlohmann::json to_json(const StepRecord& r) {
-  return {{"type", "step"},        {"epoch", r.epoch},
-          {"step", r.step},        {"loss", r.loss},
-          {"loss_scale", r.loss_scale}, {"skipped", r.skipped},
-          {"skipped_total", r.skipped_total}, {"lr", r.lr},
-          {"images_per_sec", r.images_per_sec}, {"elapsed", r.elapsed}};
+  return {{"type", "step"},
+          {"epoch", r.epoch},
+          {"step", r.step},
+          {"loss", r.loss},
+          {"loss_scale", r.loss_scale},
+          {"skipped", r.skipped},
+          {"skipped_total", r.skipped_total},
+          {"lr", r.lr},
+          {"images_per_sec", r.images_per_sec},
+          {"elapsed", r.elapsed}};
 }
 
 nlohmann::json to_json(const EpochRecord& r) {
@@ -39,14 +44,22 @@ nlohmann::json to_json(const EpochRecord& r) {
 }
 
 nlohmann::json to_json(const Summary& s) {
-  return {{"type", "summary"},        {"model", s.model},
-          {"data", s.data},           {"precision", s.precision},
-          {"world_size", s.world_size}, {"epochs", s.epochs},
-          {"steps", s.steps},         {"skipped_steps", s.skipped_steps},
-          {"test_accuracy", s.test_accuracy}, {"test_loss", s.test_loss},
-          {"train_loss", s.train_loss}, {"seconds", s.seconds},
-          {"images_per_sec", s.images_per_sec}, {"final_loss_scale", s.final_scale},
-          {"peak_rss_mb", s.peak_rss_mb}, {"compute", s.compute}};
+  return {{"type", "summary"},
+          {"model", s.model},
+          {"data", s.data},
+          {"precision", s.precision},
+          {"world_size", s.world_size},
+          {"epochs", s.epochs},
+          {"steps", s.steps},
+          {"skipped_steps", s.skipped_steps},
+          {"test_accuracy", s.test_accuracy},
+          {"test_loss", s.test_loss},
+          {"train_loss", s.train_loss},
+          {"seconds", s.seconds},
+          {"images_per_sec", s.images_per_sec},
+          {"final_loss_scale", s.final_scale},
+          {"peak_rss_mb", s.peak_rss_mb},
+          {"compute", s.compute}};
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
@@ -80,14 +93,19 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
 bool is_terminal(std::FILE* f) { return ::isatty(::fileno(f)) == 1; }
 
 ProgressBar::ProgressBar(int64_t epoch, int64_t epochs, int64_t total_steps, bool is_tty, std::FILE* out)
-    : epoch_(epoch), epochs_(epochs), total_(std::max<int64_t>(total_steps, 1)), tty_(is_tty), out_(out),
+    : epoch_(epoch),
+      epochs_(epochs),
+      total_(std::max<int64_t>(total_steps, 1)),
+      tty_(is_tty),
+      out_(out),
       start_(std::chrono::steady_clock::now()) {}
 
 namespace {
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--";
   const auto s = static_cast<int64_t>(seconds + 0.5);
-  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60) : fmt::format("{:02}:{:02}", s / 60, s % 60);
+  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+                   : fmt::format("{:02}:{:02}", s / 60, s % 60);
 }
 }  // namespace
 
@@ -225,10 +243,13 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
   if (!epochs.empty()) {
     gp << "set output " << quoted(png_la.string()) << "\n"
        << "set multiplot layout 1,2 title 'ampp train: loss and accuracy by epoch'\n"
-       << "set xlabel 'epoch'\nset ylabel 'cross-entropy loss'\nset xtics 1\nset offsets graph 0.03, graph 0.03, graph 0.1, graph 0.1\nset key top right\n"
-       << "plot " << quoted(d + "epochs.dat") << " using 1:2 with linespoints lw 2 pt 7 title 'train', '' using 1:3 with linespoints lw 2 pt 5 title 'test'\n"
+       << "set xlabel 'epoch'\nset ylabel 'cross-entropy loss'\nset xtics 1\nset offsets graph 0.03, graph 0.03, graph "
+          "0.1, graph 0.1\nset key top right\n"
+       << "plot " << quoted(d + "epochs.dat")
+       << " using 1:2 with linespoints lw 2 pt 7 title 'train', '' using 1:3 with linespoints lw 2 pt 5 title 'test'\n"
        << "set ylabel 'accuracy (%)'\nset key bottom right\n"
-       << "plot " << quoted(d + "epochs.dat") << " using 1:4 with linespoints lw 2 pt 7 title 'train', '' using 1:5 with linespoints lw 2 pt 5 title 'test'\n"
+       << "plot " << quoted(d + "epochs.dat")
+       << " using 1:4 with linespoints lw 2 pt 7 title 'train', '' using 1:5 with linespoints lw 2 pt 5 title 'test'\n"
        << "unset multiplot\nset xtics autofreq\nset offsets 0, 0, 0, 0\n";
     written.push_back(png_la.string());
   }
@@ -238,7 +259,10 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
        << "set xlabel 'step'\nset ylabel 'loss scale'\nset logscale y 2\nset format y '2^{%L}'\nset key top right\n"
        << "set offsets graph 0.01, 0, graph 0.1, graph 0.1\n"
        << "plot " << quoted(d + "steps.dat") << " using 1:2 with steps lw 2 title 'loss scale'"
-       << (n_skipped > 0 ? ", " + quoted(d + "skipped.dat") + " using 1:2 with points pt 6 ps 1.5 lc rgb 'red' title 'skipped step (inf/NaN gradients)'" : "")
+       << (n_skipped > 0
+               ? ", " + quoted(d + "skipped.dat") +
+                     " using 1:2 with points pt 6 ps 1.5 lc rgb 'red' title 'skipped step (inf/NaN gradients)'"
+               : "")
        << "\nunset logscale y\nset format y '%g'\nset offsets 0, 0, 0, 0\nset key bottom right\n"
        << "set output " << quoted(png_tp.string()) << "\n"
        << "set title 'throughput over steps'\nset ylabel 'images / s (all workers)'\nset yrange [0:*]\n"
@@ -249,10 +273,12 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
   const fs::path script = data / "plots.gp";
   std::ofstream(script) << gp.str();
   const fs::path err = data / "gnuplot.err";
-  const int rc = std::system(fmt::format("gnuplot {} 2> {}", shell_quoted(script.string()), shell_quoted(err.string())).c_str());
+  const int rc =
+      std::system(fmt::format("gnuplot {} 2> {}", shell_quoted(script.string()), shell_quoted(err.string())).c_str());
   std::ifstream e(err);
   const std::string err_text((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
-  TORCH_CHECK(rc == 0, "gnuplot failed (exit status ", rc, ")", rc == 127 * 256 ? ": gnuplot is not installed; `sudo apt install gnuplot-nox`" : "",
+  TORCH_CHECK(rc == 0, "gnuplot failed (exit status ", rc, ")",
+              rc == 127 * 256 ? ": gnuplot is not installed; `sudo apt install gnuplot-nox`" : "",
               err_text.empty() ? "" : ": " + err_text, " (script: ", script.string(), ")");
   return written;
 }

@@ -53,8 +53,8 @@ struct BasicBlockImpl : nn::Module {
     bn2 = register_module("bn2", nn::BatchNorm2d(out));
     if (stride != 1 || in != out) {
       shortcut = register_module(
-          "shortcut", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-                                     nn::BatchNorm2d(out)));
+          "shortcut",
+          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), nn::BatchNorm2d(out)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {

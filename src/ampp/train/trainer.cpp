@@ -114,10 +114,8 @@ struct Run {
         optimizer(model->parameters(),
                   torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay())),
         amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
-        sampler(static_cast<size_t>(data.train.size()), dist::DistributedSamplerOptions()
-                                                            .num_replicas(workers.world)
-                                                            .rank(workers.rank)
-                                                            .seed(o.seed())),
+        sampler(static_cast<size_t>(data.train.size()),
+                dist::DistributedSamplerOptions().num_replicas(workers.world).rank(workers.rank).seed(o.seed())),
         checkpoint(o.checkpoint_dir().empty() ? "" : checkpoint_path(o)) {
     TORCH_CHECK(per_rank_batch >= 1, "TrainOptions::batch_size ", o.batch_size(),
                 " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
@@ -159,8 +157,8 @@ struct Run {
 
 std::string fingerprint(const TrainOptions& o, int world) {
   return fmt::format("model={} data={} opt_level={} dtype={} batch_size={} world_size={} seed={}", o.model(),
-                     o.data().empty() ? "fashion-mnist" : o.data(), to_string(o.opt_level()),
-                     c10::toString(o.dtype()), o.batch_size(), world, o.seed());
+                     o.data().empty() ? "fashion-mnist" : o.data(), to_string(o.opt_level()), c10::toString(o.dtype()),
+                     o.batch_size(), world, o.seed());
 }
 
 std::string precision_label(const TrainOptions& o, const Amp& amp) {
@@ -201,8 +199,8 @@ void resume(Run& run) {
   }
   TrainingCheckpoint saved(run.checkpoint);
   const std::string expected = fingerprint(run.o, run.workers.world);
-  TORCH_CHECK(saved.position().fingerprint == expected, "checkpoint '", run.checkpoint, "' belongs to a different run (",
-              saved.position().fingerprint, ") than this one (", expected,
+  TORCH_CHECK(saved.position().fingerprint == expected, "checkpoint '", run.checkpoint,
+              "' belongs to a different run (", saved.position().fingerprint, ") than this one (", expected,
               "); use the same options to resume, or another TrainOptions::checkpoint_dir to start afresh");
   // StepLR keeps its count privately: replay the finished epochs, then the saved optimizer state
   // (which holds the same lr) overrides whatever the replay set.
@@ -267,8 +265,9 @@ BatchIterator epoch_batches(Run& run, int64_t epoch) {
   const auto idx = run.sampler.indices();
   BatchIterator batches(run.data.train, std::vector<int64_t>(idx.begin(), idx.end()), run.per_rank_batch,
                         /*drop_last=*/true);
-  TORCH_CHECK(batches.num_batches() > 0, "each worker has only ", idx.size(), " training images, fewer than its batch of ",
-              run.per_rank_batch, "; lower TrainOptions::batch_size or use more data");
+  TORCH_CHECK(batches.num_batches() > 0, "each worker has only ", idx.size(),
+              " training images, fewer than its batch of ", run.per_rank_batch,
+              "; lower TrainOptions::batch_size or use more data");
   if (epoch == run.position.epoch && run.position.batch > 0) {
     batches.skip_to(run.position.batch);  // resumed mid-epoch: the sums were restored too
   } else {
@@ -333,8 +332,9 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
     const bool log_now = !step.stepped || run.position.global_step % o.log_every() == 0 || epoch_end;
     if (log_now || bar) meter.update(log_now, images_per_step);
     if (log_now && run.metrics) log_step(run, epoch, step, meter.images_per_sec);
-    if (bar) bar->update(batches.position(), meter.images_per_sec, step.loss, run.amp.loss_scale(),
-                         run.position.skipped_total);
+    if (bar)
+      bar->update(batches.position(), meter.images_per_sec, step.loss, run.amp.loss_scale(),
+                  run.position.skipped_total);
     const bool stop = reached_step_limit(run);
     const bool periodic = o.checkpoint_every() > 0 && run.position.global_step % o.checkpoint_every() == 0;
     if (!run.checkpoint.empty() && !epoch_end && (stop || periodic)) save(run, epoch, batches.position());

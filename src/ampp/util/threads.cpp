@@ -2,8 +2,8 @@
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
-#include <fmt/format.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 
 #include <dlfcn.h>
 #include <sched.h>
