@@ -1,11 +1,6 @@
 // DDP buckets: overlap with backward, rebuild in gradient-ready order, gradients as bucket views.
 #include "dist/ddp_test_util.h"
 
-using namespace ampp::dist;
-using namespace ampp::dist::testing;
-using namespace ampp_test;
-using namespace std::chrono_literals;
-
 TEST(DDP, TinyBucketsOverlapBackwardWithUnchangedResults) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     auto model = make_model(rank + 1);

@@ -1,11 +1,6 @@
 // DDP communication hooks: the built-in compression hooks and user hooks.
 #include "dist/ddp_test_util.h"
 
-using namespace ampp::dist;
-using namespace ampp::dist::testing;
-using namespace ampp_test;
-using namespace std::chrono_literals;
-
 // One value where the two bf16 forms differ: ranks hold 1 and 2^-8. PyTorch's hook sums the halves
 // in bf16 (0.5 + 2^-9 is a tie between bf16 neighbours 2^-8 apart, rounded to even: 0.5); 1.13's
 // Gloo cannot sum bf16, so ampp sums the bf16 payloads in fp32 there (0.5 + 2^-9 exactly).

@@ -1,11 +1,6 @@
 // DDP gradients and parameters: equal to one process training on the union of the ranks' batches.
 #include "dist/ddp_test_util.h"
 
-using namespace ampp::dist;
-using namespace ampp::dist::testing;
-using namespace ampp_test;
-using namespace std::chrono_literals;
-
 TEST(BucketAssignment, ClosesAtLimitAndAdvancesLimits) {
   // Bytes: 40, 80, 120, 160 (float). Visit in reverse; limits [100, 200]:
   // [3] (160 >= 100) closes the first bucket; then [2, 1] (120 + 80 = 200 >= 200); leftover [0].

@@ -19,9 +19,6 @@
 
 namespace ampp_test {
 
-using namespace ampp::dist;
-using namespace ampp::dist::testing;
-
 inline constexpr int64_t kBatch = 8;  // per rank
 
 struct MlpImpl : torch::nn::Module {
@@ -129,3 +126,9 @@ inline Trace train_steps(const ProcessGroup& pg, int rank, const DistributedData
 }
 
 }  // namespace ampp_test
+
+// The DDP test files use these names unqualified.
+using namespace ampp::dist;
+using namespace ampp_test;
+using namespace ampp_test;
+using namespace std::chrono_literals;

@@ -23,7 +23,8 @@
 
 #include <ampp/dist/process_group.h>
 
-namespace ampp::dist::testing {
+namespace ampp_test {
+using namespace ampp::dist;
 
 // A port the kernel just handed out on 127.0.0.1 (closed again; tiny race, fine for tests).
 inline int free_port() {
@@ -127,4 +128,4 @@ inline void on_ranks(int world, const std::function<void(int rank, const Process
   expect_all_ok(run_ranks(world, [&](int rank) { body(rank, init_tcp(rank, world, port, timeout)); }));
 }
 
-}  // namespace ampp::dist::testing
+}  // namespace ampp_test

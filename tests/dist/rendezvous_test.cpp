@@ -11,7 +11,7 @@
 #include "dist/multiprocess.h"
 
 using namespace ampp::dist;
-using namespace ampp::dist::testing;
+using namespace ampp_test;
 using namespace std::chrono_literals;
 
 namespace {

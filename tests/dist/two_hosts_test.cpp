@@ -15,7 +15,7 @@
 #include "dist/multiprocess.h"
 
 using namespace ampp::dist;
-using namespace ampp::dist::testing;
+using namespace ampp_test;
 
 namespace {
 
@@ -63,6 +63,45 @@ void enter_netns(const std::string& name) {
   close(fd);
 }
 
+torch::nn::Sequential make_model(int seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 2));
+}
+
+struct Batch {
+  torch::Tensor x, y;
+};
+
+Batch rank_batch(int step, int rank) {
+  auto gen = at::detail::createCPUGenerator(100 * step + rank);
+  auto x = torch::randn({4, 8}, gen, torch::kFloat);
+  return {x, torch::randn({4, 2}, gen, torch::kFloat)};
+}
+
+torch::Tensor flat_params(torch::nn::Sequential& model) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : model->parameters()) parts.push_back(p.detach().reshape(-1));
+  return torch::cat(parts);
+}
+
+// Three SGD steps, with DDP between two ranks or (no ddp) in one process on the union of their
+// batches: the mean loss over the union has the gradient DDP averages from the two halves.
+torch::Tensor train(torch::nn::Sequential model, DistributedDataParallel<torch::nn::Sequential>* ddp, int rank) {
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    if (ddp) {
+      const Batch b = rank_batch(step, rank);
+      torch::mse_loss((*ddp)->forward(b.x), b.y).backward();
+    } else {
+      const Batch b0 = rank_batch(step, 0), b1 = rank_batch(step, 1);
+      torch::mse_loss(model->forward(torch::cat({b0.x, b1.x})), torch::cat({b0.y, b1.y})).backward();
+    }
+    opt.step();
+  }
+  return flat_params(model);
+}
+
 }  // namespace
 
 TEST(TwoHosts, DdpOverVethBetweenNetworkNamespaces) {
@@ -80,22 +119,16 @@ TEST(TwoHosts, DdpOverVethBetweenNetworkNamespaces) {
                                      .rank(rank)
                                      .world_size(2)
                                      .timeout(std::chrono::seconds(20)));
-    torch::manual_seed(rank + 1);
-    torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 2));
+    auto model = make_model(rank + 1);  // different starts: DDP's broadcast makes them rank 0's
     DistributedDataParallel ddp(model, pg);
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    for (int step = 0; step < 3; ++step) {
-      auto gen = at::detail::createCPUGenerator(100 * step + rank);
-      auto x = torch::randn({4, 8}, gen, torch::kFloat), y = torch::randn({4, 2}, gen, torch::kFloat);
-      opt.zero_grad();
-      torch::mse_loss(ddp->forward(x), y).backward();
-      opt.step();
-    }
-    std::vector<torch::Tensor> parts;
-    for (const auto& p : model->parameters()) parts.push_back(p.detach().reshape(-1));
-    std::vector<torch::Tensor> in{torch::cat(parts)};
-    std::vector<std::vector<torch::Tensor>> out(1, {torch::empty_like(in[0]), torch::empty_like(in[0])});
+    const torch::Tensor params = train(model, &ddp, rank);
+    std::vector<torch::Tensor> in{params};
+    std::vector<std::vector<torch::Tensor>> out(1, {torch::empty_like(params), torch::empty_like(params)});
     pg.c10d()->allgather(out, in)->wait();
     EXPECT_TRUE(torch::equal(out[0][0], out[0][1])) << "parameters differ between the two hosts";
+    // The same training in one process on the union of both batches (rank 0's initial weights).
+    const torch::Tensor reference = train(make_model(1), nullptr, 0);
+    const double err = (params - reference).abs().max().item<double>() / reference.abs().max().item<double>();
+    EXPECT_LE(err, 1e-5) << "two-host DDP differs from one-process training on the union batch";
   }));
 }

@@ -1,6 +1,8 @@
 // ampp::dist::launch as a library call (what `ampp train --nproc N` uses).
 #include <gmock/gmock.h>
+
 #include <gtest/gtest.h>
+#include "ampp_test.h"
 
 #include <c10/util/Exception.h>
 
@@ -11,17 +13,12 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string validation_error(const ampp::dist::LaunchOptions& options) {
-  try {
-    ampp::dist::validate(options);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
+  return ampp_test::error_of([&] { ampp::dist::validate(options); });
 }
 
 TEST(Launch, ValidateNamesTheBadOptionAndTheFix) {
   using ampp::dist::LaunchOptions;
-  EXPECT_EQ(validation_error(LaunchOptions()), "");
+  EXPECT_EQ(validation_error(LaunchOptions()), "<no error>");
   EXPECT_THAT(validation_error(LaunchOptions().nproc_per_node(0)),
               HasSubstr("LaunchOptions::nproc_per_node must be >= 1 (got 0)"));
   EXPECT_THAT(validation_error(LaunchOptions().nnodes(3).node_rank(3)),
@@ -49,12 +46,7 @@ TEST(Launch, ReturnsZeroWhenEveryWorkerSucceedsAndOneOtherwise) {
 }
 
 TEST(Launch, RejectsAnEmptyCommandLine) {
-  try {
-    ampp::dist::launch(ampp::dist::LaunchOptions(), {});
-    FAIL() << "launch must reject an empty argv";
-  } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("no program given"));
-  }
+  AMPP_EXPECT_THROW_WITH(ampp::dist::launch(ampp::dist::LaunchOptions(), {}), "no program given");
 }
 
 }  // namespace

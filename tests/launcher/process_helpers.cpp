@@ -15,20 +15,9 @@
 
 extern char** environ;
 
-namespace ampp::test {
+namespace ampp_test {
 
 using Clock = std::chrono::steady_clock;
-
-TempDir::TempDir() {
-  std::string templ = (std::filesystem::temp_directory_path() / "ampp_launcher_XXXXXX").string();
-  if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  path_ = templ;
-}
-
-TempDir::~TempDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
-}
 
 int RunResult::exit_code() const {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -181,4 +170,4 @@ int expected_threads(int procs) {
   return std::max(1, CPU_COUNT(&set) / procs);
 }
 
-}  // namespace ampp::test
+}  // namespace ampp_test

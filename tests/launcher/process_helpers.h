@@ -11,21 +11,9 @@
 #include <string>
 #include <vector>
 
-namespace ampp::test {
+#include "ampp_test.h"
 
-// A fresh directory under /tmp, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+namespace ampp_test {
 
 struct RunResult {
   int status = 0;          // waitpid status
@@ -65,4 +53,4 @@ std::map<std::string, std::string> read_key_values(const std::string& path);
 // max(1, usable cores / procs), computed independently of ampp.
 int expected_threads(int procs);
 
-}  // namespace ampp::test
+}  // namespace ampp_test

@@ -15,8 +15,8 @@
 
 namespace {
 
-using ampp::test::RunResult;
-using ampp::test::TempDir;
+using ampp_test::RunResult;
+using ampp_test::TempDir;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
@@ -29,13 +29,13 @@ std::vector<std::string> clean_env(std::map<std::string, std::optional<std::stri
   more.emplace("OMP_NUM_THREADS", std::nullopt);
   more.emplace("OPENBLAS_NUM_THREADS", std::nullopt);
   more.emplace("NCCL_ASYNC_ERROR_HANDLING", std::nullopt);
-  return ampp::test::environment_with(more);
+  return ampp_test::environment_with(more);
 }
 
 RunResult ampp_run(std::vector<std::string> args, const std::vector<std::string>& env = clean_env(),
                    const std::function<void(pid_t)>& during = {}) {
   args.insert(args.begin(), {kAmpp, "run"});
-  return ampp::test::run_command(args, env, kTimeout, during);
+  return ampp_test::run_command(args, env, kTimeout, during);
 }
 
 std::string describe(const RunResult& r) {
@@ -46,7 +46,7 @@ std::string describe(const RunResult& r) {
 std::vector<pid_t> pids_of(const TempDir& dir, int n) {
   std::vector<pid_t> pids;
   for (int i = 0; i < n; ++i) {
-    const std::string text = ampp::test::read_file(dir.file("pid." + std::to_string(i)));
+    const std::string text = ampp_test::read_file(dir.file("pid." + std::to_string(i)));
     if (!text.empty()) pids.push_back(static_cast<pid_t>(std::stol(text)));
   }
   return pids;
@@ -61,12 +61,12 @@ std::vector<std::string> pid_files(const TempDir& dir, int n) {
 TEST(AmppRun, SetsTorchrunsEnvironmentForEveryRank) {
   TempDir dir;
   const RunResult r = ampp_run({"--nproc-per-node", "2", "--master-port", "29555", "--rdzv-id", "job7", "--", kWorker,
-                                "env", dir.path(), "--lr", "0.1"},
+                                "env", dir.str(), "--lr", "0.1"},
                                clean_env({{"AMPP_TEST_INHERITED", "yes"}}));
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
-  const std::string threads = std::to_string(ampp::test::expected_threads(2));
+  const std::string threads = std::to_string(ampp_test::expected_threads(2));
   for (int rank = 0; rank < 2; ++rank) {
-    auto v = ampp::test::read_key_values(dir.file("env." + std::to_string(rank)));
+    auto v = ampp_test::read_key_values(dir.file("env." + std::to_string(rank)));
     ASSERT_FALSE(v.empty()) << "rank " << rank << " did not run\n" << describe(r);
     const std::string R = std::to_string(rank);
     EXPECT_EQ(v["RANK"], R);
@@ -88,7 +88,7 @@ TEST(AmppRun, SetsTorchrunsEnvironmentForEveryRank) {
     EXPECT_EQ(v["OMP_NUM_THREADS"], threads);
     EXPECT_EQ(v["OPENBLAS_NUM_THREADS"], threads);
     EXPECT_EQ(v["AMPP_TEST_INHERITED"], "yes");
-    EXPECT_EQ(v["ARGV"], dir.path() + " --lr 0.1") << "arguments after the program are its own";
+    EXPECT_EQ(v["ARGV"], dir.str() + " --lr 0.1") << "arguments after the program are its own";
   }
   EXPECT_THAT(r.err, HasSubstr("OMP_NUM_THREADS=" + threads + " and OPENBLAS_NUM_THREADS=" + threads));
 }
@@ -96,11 +96,11 @@ TEST(AmppRun, SetsTorchrunsEnvironmentForEveryRank) {
 TEST(AmppRun, ComputesGlobalRanksFromNodeRankAndAcceptsUnderscoreSpellings) {
   TempDir dir;
   const RunResult r = ampp_run({"--nnodes=2", "--node_rank=1", "--nproc_per_node=2", "--master_addr=10.9.8.7",
-                                "--master_port=29600", kWorker, "env", dir.path()});
+                                "--master_port=29600", kWorker, "env", dir.str()});
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
   for (int local = 0; local < 2; ++local) {
     const int rank = 2 + local;
-    auto v = ampp::test::read_key_values(dir.file("env." + std::to_string(rank)));
+    auto v = ampp_test::read_key_values(dir.file("env." + std::to_string(rank)));
     ASSERT_FALSE(v.empty()) << describe(r);
     EXPECT_EQ(v["LOCAL_RANK"], std::to_string(local));
     EXPECT_EQ(v["WORLD_SIZE"], "4");
@@ -114,23 +114,23 @@ TEST(AmppRun, ComputesGlobalRanksFromNodeRankAndAcceptsUnderscoreSpellings) {
 
 TEST(AmppRun, KeepsThreadSettingsTheUserGave) {
   TempDir dir;
-  const RunResult r = ampp_run({"--nproc-per-node", "2", "--", kWorker, "env", dir.path()},
+  const RunResult r = ampp_run({"--nproc-per-node", "2", "--", kWorker, "env", dir.str()},
                                clean_env({{"OMP_NUM_THREADS", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}));
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
-  auto v = ampp::test::read_key_values(dir.file("env.1"));
+  auto v = ampp_test::read_key_values(dir.file("env.1"));
   EXPECT_EQ(v["OMP_NUM_THREADS"], "3");
-  EXPECT_EQ(v["OPENBLAS_NUM_THREADS"], std::to_string(ampp::test::expected_threads(2)));
+  EXPECT_EQ(v["OPENBLAS_NUM_THREADS"], std::to_string(ampp_test::expected_threads(2)));
   EXPECT_EQ(v["NCCL_ASYNC_ERROR_HANDLING"], "0");
   // Without --master-port on one node a free port is chosen.
   const int port = std::stoi(v["MASTER_PORT"]);
   EXPECT_GT(port, 0);
   EXPECT_LE(port, 65535);
-  EXPECT_EQ(ampp::test::read_key_values(dir.file("env.0"))["MASTER_PORT"], v["MASTER_PORT"]);
+  EXPECT_EQ(ampp_test::read_key_values(dir.file("env.0"))["MASTER_PORT"], v["MASTER_PORT"]);
 }
 
 TEST(AmppRun, PrefixesEveryWorkerLineWithItsRank) {
   TempDir dir;
-  const RunResult r = ampp_run({"--nproc-per-node", "2", "--", kWorker, "env", dir.path()});
+  const RunResult r = ampp_run({"--nproc-per-node", "2", "--", kWorker, "env", dir.str()});
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string p = "[rank" + std::to_string(rank) + "]: ";
@@ -152,8 +152,8 @@ TEST(AmppRun, PrefixesEveryWorkerLineWithItsRank) {
 TEST(AmppRun, WorkerKilledWithSigkillTearsDownTheGroupQuickly) {
   TempDir dir;
   Clock::time_point killed_at;
-  const RunResult r = ampp_run({"--nproc-per-node", "3", "--", kWorker, "sleep", dir.path()}, clean_env(), [&](pid_t) {
-    ASSERT_TRUE(ampp::test::wait_for_files(pid_files(dir, 3), std::chrono::seconds(10)));
+  const RunResult r = ampp_run({"--nproc-per-node", "3", "--", kWorker, "sleep", dir.str()}, clean_env(), [&](pid_t) {
+    ASSERT_TRUE(ampp_test::wait_for_files(pid_files(dir, 3), std::chrono::seconds(10)));
     const auto pids = pids_of(dir, 3);
     killed_at = Clock::now();
     ::kill(pids[1], SIGKILL);
@@ -164,26 +164,26 @@ TEST(AmppRun, WorkerKilledWithSigkillTearsDownTheGroupQuickly) {
   EXPECT_EQ(r.exit_code(), 1) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("worker rank 1 (local rank 1, pid " + std::to_string(pids_of(dir, 3)[1]) +
                                ") failed with signal SIGKILL"));
-  for (pid_t pid : pids_of(dir, 3)) EXPECT_FALSE(ampp::test::process_alive(pid)) << "pid " << pid << " left behind";
+  for (pid_t pid : pids_of(dir, 3)) EXPECT_FALSE(ampp_test::process_alive(pid)) << "pid " << pid << " left behind";
 }
 
 TEST(AmppRun, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   TempDir dir;
   const RunResult r =
-      ampp_run({"--nproc-per-node", "2", "--shutdown-grace", "0.3", "--", kWorker, "ignore-term", dir.path(), "1"});
+      ampp_run({"--nproc-per-node", "2", "--shutdown-grace", "0.3", "--", kWorker, "ignore-term", dir.str(), "1"});
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_LT(r.seconds, 10.0);
   EXPECT_EQ(r.exit_code(), 1);
   EXPECT_THAT(r.err, HasSubstr("worker rank 1 (local rank 1"));
   EXPECT_THAT(r.err, HasSubstr("failed with exit code 5"));
   EXPECT_THAT(r.err, HasSubstr("sending SIGKILL"));
-  for (pid_t pid : pids_of(dir, 2)) EXPECT_FALSE(ampp::test::process_alive(pid));
+  for (pid_t pid : pids_of(dir, 2)) EXPECT_FALSE(ampp_test::process_alive(pid));
 }
 
 TEST(AmppRun, MaxRestartsRestartsTheWholeGroupWithTheRestartCount) {
   TempDir dir;
   const RunResult r =
-      ampp_run({"--nproc-per-node", "2", "--max-restarts", "1", "--", kWorker, "fail-first", dir.path()});
+      ampp_run({"--nproc-per-node", "2", "--max-restarts", "1", "--", kWorker, "fail-first", dir.str()});
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
   for (const char* f : {"attempt.0.0", "attempt.1.0", "attempt.0.1", "attempt.1.1"}) {
     EXPECT_TRUE(std::filesystem::exists(dir.file(f))) << f << "\n" << describe(r);
@@ -205,25 +205,25 @@ TEST(AmppRun, FailsAfterTheRestartsAreUsedUp) {
 TEST(AmppRun, ForwardsSigtermToTheWorkers) {
   TempDir dir;
   const RunResult r =
-      ampp_run({"--nproc-per-node", "2", "--", kWorker, "trap-signal", dir.path()}, clean_env(), [&](pid_t ampp) {
-        ASSERT_TRUE(ampp::test::wait_for_files(pid_files(dir, 2), std::chrono::seconds(10)));
+      ampp_run({"--nproc-per-node", "2", "--", kWorker, "trap-signal", dir.str()}, clean_env(), [&](pid_t ampp) {
+        ASSERT_TRUE(ampp_test::wait_for_files(pid_files(dir, 2), std::chrono::seconds(10)));
         ::kill(ampp, SIGTERM);
       });
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_EQ(r.exit_code(), 128 + SIGTERM) << describe(r);
-  EXPECT_EQ(ampp::test::read_file(dir.file("signal.0")), "SIGTERM");
-  EXPECT_EQ(ampp::test::read_file(dir.file("signal.1")), "SIGTERM");
+  EXPECT_EQ(ampp_test::read_file(dir.file("signal.0")), "SIGTERM");
+  EXPECT_EQ(ampp_test::read_file(dir.file("signal.1")), "SIGTERM");
   EXPECT_THAT(r.err, HasSubstr("stopped by SIGTERM"));
-  for (pid_t pid : pids_of(dir, 2)) EXPECT_FALSE(ampp::test::process_alive(pid));
+  for (pid_t pid : pids_of(dir, 2)) EXPECT_FALSE(ampp_test::process_alive(pid));
 }
 
 TEST(AmppRun, RunsAProgramGivenWithoutTheSeparator) {
   TempDir dir;
-  const RunResult r = ampp_run({"--nproc-per-node", "1", kWorker, "env", dir.path(), "--nnodes", "5"});
+  const RunResult r = ampp_run({"--nproc-per-node", "1", kWorker, "env", dir.str(), "--nnodes", "5"});
   ASSERT_EQ(r.exit_code(), 0) << describe(r);
-  auto v = ampp::test::read_key_values(dir.file("env.0"));
+  auto v = ampp_test::read_key_values(dir.file("env.0"));
   EXPECT_EQ(v["WORLD_SIZE"], "1");
-  EXPECT_EQ(v["ARGV"], dir.path() + " --nnodes 5") << "options after the program belong to it";
+  EXPECT_EQ(v["ARGV"], dir.str() + " --nnodes 5") << "options after the program belong to it";
 }
 
 struct BadFlags {
@@ -249,7 +249,7 @@ TEST(AmppRun, BadFlagsFailWithAClearMessage) {
     argvs.push_back(c.args);
     argvs.back().insert(argvs.back().begin(), {kAmpp, "run"});
   }
-  const auto results = ampp::test::run_commands(argvs, clean_env(), kTimeout);
+  const auto results = ampp_test::run_commands(argvs, clean_env(), kTimeout);
   for (size_t i = 0; i < cases.size(); ++i) {
     const RunResult& r = results[i];
     SCOPED_TRACE(cases[i].message);

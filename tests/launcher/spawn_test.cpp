@@ -29,7 +29,7 @@ namespace {
 using ampp::dist::ProcessExitedException;
 using ampp::dist::ProcessRaisedException;
 using ampp::dist::SpawnOptions;
-using ampp::test::TempDir;
+using ampp_test::TempDir;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
@@ -74,7 +74,7 @@ std::string env(const char* name) {
 std::vector<pid_t> read_pids(const TempDir& dir, int n) {
   std::vector<pid_t> pids;
   for (int i = 0; i < n; ++i) {
-    const std::string text = ampp::test::read_file(dir.file("pid." + std::to_string(i)));
+    const std::string text = ampp_test::read_file(dir.file("pid." + std::to_string(i)));
     if (!text.empty()) pids.push_back(static_cast<pid_t>(std::stol(text)));
   }
   return pids;
@@ -109,7 +109,7 @@ TEST(Spawn, RunsFnInEveryRankWithTheRendezvousEnvironment) {
   std::string port;
   std::set<std::string> pids;
   for (int i = 0; i < 3; ++i) {
-    auto v = ampp::test::read_key_values(dir.file("env." + std::to_string(i)));
+    auto v = ampp_test::read_key_values(dir.file("env." + std::to_string(i)));
     ASSERT_FALSE(v.empty()) << "rank " << i << " did not run";
     EXPECT_EQ(v["RANK"], std::to_string(i));
     EXPECT_EQ(v["LOCAL_RANK"], std::to_string(i));
@@ -139,8 +139,8 @@ TEST(Spawn, KeepsMasterAddressAndPortOfTheParent) {
         write_text(dir.file("env." + std::to_string(rank)), env("MASTER_ADDR") + ":" + env("MASTER_PORT"));
       },
       2);
-  EXPECT_EQ(ampp::test::read_file(dir.file("env.0")), "10.1.2.3:23456");
-  EXPECT_EQ(ampp::test::read_file(dir.file("env.1")), "10.1.2.3:23456");
+  EXPECT_EQ(ampp_test::read_file(dir.file("env.0")), "10.1.2.3:23456");
+  EXPECT_EQ(ampp_test::read_file(dir.file("env.1")), "10.1.2.3:23456");
 }
 
 TEST(Spawn, ChildrenUseTheRequestedThreadCount) {
@@ -156,8 +156,8 @@ TEST(Spawn, ChildrenUseTheRequestedThreadCount) {
                                                               std::to_string(static_cast<int>(sum)));
       },
       2);
-  EXPECT_EQ(ampp::test::read_file(dir.file("t.0")), "1 1 100000");
-  EXPECT_EQ(ampp::test::read_file(dir.file("t.1")), "1 1 100000");
+  EXPECT_EQ(ampp_test::read_file(dir.file("t.0")), "1 1 100000");
+  EXPECT_EQ(ampp_test::read_file(dir.file("t.1")), "1 1 100000");
 }
 
 TEST(Spawn, LimitsChildrenToOneThreadWhenTheParentAlreadyRunsThreads) {
@@ -204,8 +204,8 @@ TEST(Spawn, LimitsChildrenToOneThreadWhenTheParentAlreadyRunsThreads) {
   }
   cv.notify_all();
   helper.join();
-  EXPECT_EQ(ampp::test::read_file(dir.file("t.0")), "1");
-  EXPECT_EQ(ampp::test::read_file(dir.file("t.1")), "1");
+  EXPECT_EQ(ampp_test::read_file(dir.file("t.0")), "1");
+  EXPECT_EQ(ampp_test::read_file(dir.file("t.1")), "1");
 }
 
 TEST(Spawn, IdleOpenBlasThreadsDoNotLimitTheChildren) {
@@ -226,8 +226,8 @@ TEST(Spawn, IdleOpenBlasThreadsDoNotLimitTheChildren) {
         write_text(dir.file("t." + std::to_string(rank)), std::to_string(at::get_num_threads()));
       },
       2);
-  EXPECT_EQ(ampp::test::read_file(dir.file("t.0")), "2");
-  EXPECT_EQ(ampp::test::read_file(dir.file("t.1")), "2");
+  EXPECT_EQ(ampp_test::read_file(dir.file("t.0")), "2");
+  EXPECT_EQ(ampp_test::read_file(dir.file("t.1")), "2");
 }
 
 TEST(Spawn, ExceptionInAChildNamesTheRankAndMessageAndStopsTheOthers) {
@@ -239,7 +239,7 @@ TEST(Spawn, ExceptionInAChildNamesTheRankAndMessageAndStopsTheOthers) {
           record_pid(dir, rank);
           if (rank == 1) {
             // Fail only once everybody is up, so the others really have to be terminated.
-            ampp::test::wait_for_files({dir.file("pid.0"), dir.file("pid.2")}, std::chrono::seconds(10));
+            ampp_test::wait_for_files({dir.file("pid.0"), dir.file("pid.2")}, std::chrono::seconds(10));
             throw std::runtime_error("boom in rank 1");
           }
           sleep_until_terminated();
@@ -253,7 +253,7 @@ TEST(Spawn, ExceptionInAChildNamesTheRankAndMessageAndStopsTheOthers) {
     const auto pids = read_pids(dir, 3);
     ASSERT_EQ(pids.size(), 3u);
     EXPECT_EQ(e.pid(), pids[1]);
-    for (pid_t pid : pids) EXPECT_FALSE(ampp::test::process_alive(pid)) << "pid " << pid << " left behind";
+    for (pid_t pid : pids) EXPECT_FALSE(ampp_test::process_alive(pid)) << "pid " << pid << " left behind";
   }
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
 }
@@ -285,7 +285,7 @@ TEST(Spawn, NonZeroExitIsReportedWithTheExitCode) {
     EXPECT_EQ(e.error_index(), 2);
     EXPECT_EQ(e.exit_code(), 7);
     EXPECT_EQ(e.signal_name(), "");
-    for (pid_t pid : read_pids(dir, 3)) EXPECT_FALSE(ampp::test::process_alive(pid));
+    for (pid_t pid : read_pids(dir, 3)) EXPECT_FALSE(ampp_test::process_alive(pid));
   }
 }
 
@@ -304,7 +304,7 @@ TEST(Spawn, DeathBySignalIsReportedWithTheSignalName) {
     EXPECT_STREQ(e.what(), "process 0 terminated with signal SIGKILL");
     EXPECT_EQ(e.exit_code(), -SIGKILL);
     EXPECT_EQ(e.signal_name(), "SIGKILL");
-    for (pid_t pid : read_pids(dir, 2)) EXPECT_FALSE(ampp::test::process_alive(pid));
+    for (pid_t pid : read_pids(dir, 2)) EXPECT_FALSE(ampp_test::process_alive(pid));
   }
 }
 
@@ -317,7 +317,7 @@ TEST(Spawn, ChildrenIgnoringSigtermAreKilledAfterTheGracePeriod) {
                      ::signal(SIGTERM, SIG_IGN);
                      record_pid(dir, rank);
                      if (rank == 1) {
-                       ampp::test::wait_for_files({dir.file("pid.0")}, std::chrono::seconds(10));
+                       ampp_test::wait_for_files({dir.file("pid.0")}, std::chrono::seconds(10));
                        ::_exit(3);
                      }
                      sleep_until_terminated();
@@ -325,7 +325,7 @@ TEST(Spawn, ChildrenIgnoringSigtermAreKilledAfterTheGracePeriod) {
                    2),
                ProcessExitedException);
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
-  for (pid_t pid : read_pids(dir, 2)) EXPECT_FALSE(ampp::test::process_alive(pid));
+  for (pid_t pid : read_pids(dir, 2)) EXPECT_FALSE(ampp_test::process_alive(pid));
 }
 
 TEST(Spawn, DescendantsOfAFailedGroupAreKilledToo) {
@@ -339,10 +339,10 @@ TEST(Spawn, DescendantsOfAFailedGroupAreKilledToo) {
                          sleep_until_terminated();
                          ::_exit(0);
                        }
-                       ampp::test::wait_for_files({dir.file("pid.0")}, std::chrono::seconds(10));
+                       ampp_test::wait_for_files({dir.file("pid.0")}, std::chrono::seconds(10));
                        sleep_until_terminated();
                      } else {
-                       ampp::test::wait_for_files({dir.file("pid.0")}, std::chrono::seconds(10));
+                       ampp_test::wait_for_files({dir.file("pid.0")}, std::chrono::seconds(10));
                        ::_exit(4);
                      }
                    },
@@ -351,7 +351,7 @@ TEST(Spawn, DescendantsOfAFailedGroupAreKilledToo) {
   const auto pids = read_pids(dir, 1);
   ASSERT_EQ(pids.size(), 1u);
   // The grandchild is not spawn's child (init reaps it), so give it a moment to disappear.
-  EXPECT_TRUE(ampp::test::wait_until_dead(pids, std::chrono::seconds(5)));
+  EXPECT_TRUE(ampp_test::wait_until_dead(pids, std::chrono::seconds(5)));
 }
 
 TEST(Spawn, RejectsANonPositiveProcessCount) {
