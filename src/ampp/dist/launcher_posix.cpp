@@ -32,7 +32,7 @@ int find_free_port() {
   const int err = errno;
   ::close(fd);
   TORCH_CHECK(ok, "cannot find a free TCP port: ", std::strerror(err),
-              "; pass a port explicitly (MASTER_PORT / --master-port)");
+              "; pass a port explicitly (MASTER_PORT or LaunchOptions::master_port)");
   return ntohs(addr.sin_port);
 }
 
