@@ -13,9 +13,10 @@
 #include <string>
 #include <vector>
 
-// Suites that start programs without loading LibTorch (tests/launcher's ampp_run_tests) get the
-// parts that need no tensors.
-#if __has_include(<ATen/ATen.h>)
+// Suites that start programs without loading LibTorch (tests/launcher's ampp_run_tests) define
+// AMPP_TEST_NO_TORCH and get the parts that need no tensors. Not __has_include: that would find
+// Debian's /usr/include/ATen in a build against another LibTorch.
+#ifndef AMPP_TEST_NO_TORCH
 #include <ATen/ATen.h>
 #define AMPP_TEST_HAS_TORCH 1
 #endif
