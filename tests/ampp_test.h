@@ -8,7 +8,9 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,6 +46,14 @@ inline std::string error_of(const std::function<void()>& fn) {
     return e.what();
   }
   return "<no error>";
+}
+
+// The bytes of a file ("" when it cannot be read).
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 // A fresh folder under $TMPDIR (mkdtemp), removed with everything in it at scope exit.

@@ -38,13 +38,6 @@ std::vector<std::string> environment_with(const std::map<std::string, std::optio
   return env;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 namespace {
 
 // A started command: its pid, start time and output files.

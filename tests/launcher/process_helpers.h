@@ -45,8 +45,6 @@ bool wait_for_files(const std::vector<std::string>& paths, std::chrono::millisec
 // Waits until none of the pids is alive (true) or the timeout passes (false).
 bool wait_until_dead(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout);
 
-std::string read_file(const std::string& path);
-
 // "KEY=VALUE" lines of a file as a map.
 std::map<std::string, std::string> read_key_values(const std::string& path);
 

@@ -16,10 +16,6 @@ namespace fs = std::filesystem;
 using namespace ampp::train;
 
 namespace {
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 }  // namespace
 
@@ -41,7 +37,7 @@ TEST(Checkpoint, ArchiveRoundTripIsExact) {
   EXPECT_TRUE(torch::equal(w, w2));
   EXPECT_EQ(step.toInt(), 42);
   // Header fields as documented.
-  const std::string file = slurp(path);
+  const std::string file = ampp_test::read_file(path);
   EXPECT_EQ(file.substr(0, 8), "AMPPCKPT");
   EXPECT_EQ(static_cast<unsigned char>(file[8]), kCheckpointVersion);
   EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));  // no temp file left
@@ -51,7 +47,7 @@ TEST(Checkpoint, TruncationAtEveryRegionIsAClearError) {
   ampp_test::TempDir tmp;
   const auto path = tmp.path() / "c";
   write_checkpoint_bytes(path.string(), std::string(1000, 'x'));
-  const std::string good = slurp(path);
+  const std::string good = ampp_test::read_file(path);
   for (size_t keep : {size_t{0}, size_t{5}, size_t{20}, size_t{32}, size_t{500}, good.size() - 1}) {
     spit(path, good.substr(0, keep));
     AMPP_EXPECT_THROW_WITH(read_checkpoint_bytes(path.string()), keep < 8 ? "not an ampp checkpoint" : "truncated");
@@ -62,7 +58,7 @@ TEST(Checkpoint, FlippedBitsAreDetected) {
   ampp_test::TempDir tmp;
   const auto path = tmp.path() / "c";
   write_checkpoint_bytes(path.string(), std::string(1000, 'x'));
-  const std::string good = slurp(path);
+  const std::string good = ampp_test::read_file(path);
   for (size_t at : {size_t{17}, size_t{25}, size_t{40}, good.size() - 1}) {
     std::string bad = good;
     bad[at] ^= 0x10;

@@ -127,6 +127,22 @@ TEST(MnistFolder, MissingFilesAndCountMismatchAreClearErrors) {
   AMPP_EXPECT_THROW_WITH(load_mnist_folder(tmp.path().string()), "6 images but");
 }
 
+// A stray label (200 in a 3-class set) used to train a 201-class model silently.
+TEST(MnistFolder, AStrayLabelIsRefusedUnlessTheClassCountIsGiven) {
+  ampp_test::TempDir tmp;
+  write_tiny_folder(tmp.path(), false);
+  write_file(tmp.path() / "train-labels-idx1-ubyte", idx_bytes({6}, {0, 1, 2, 0, 200, 2}), false);
+  const std::string error = ampp_test::error_of([&] { load_mnist_folder(tmp.path().string()); });
+  EXPECT_THAT(error, ::testing::HasSubstr("has labels up to 200, but 197 of the classes 0..200 have no training image "
+                                          "(the first: 3)"));
+  EXPECT_THAT(error, ::testing::HasSubstr("TrainOptions::num_classes"));
+  AMPP_EXPECT_THROW_WITH(load_mnist_folder(tmp.path().string(), 10),
+                         "has label 200 but TrainOptions::num_classes is 10");
+  EXPECT_EQ(load_mnist_folder(tmp.path().string(), 201).train.num_classes, 201);  // stated: trained as asked
+  write_tiny_folder(tmp.path(), false);
+  EXPECT_EQ(load_mnist_folder(tmp.path().string(), 5).train.num_classes, 5);  // empty classes allowed when stated
+}
+
 TEST(Synthetic, SeededAndReproducible) {
   auto a = make_synthetic(SyntheticOptions().train_size(64).test_size(16).seed(3));
   auto b = make_synthetic(SyntheticOptions().train_size(64).test_size(16).seed(3));

@@ -43,6 +43,26 @@ TEST(Metrics, JsonlRecordsRoundTripAndAppend) {
   EXPECT_TRUE(read_jsonl(path).empty());
 }
 
+// A full disk used to cut metrics.jsonl off mid-record with exit 0. /dev/full fails every write
+// with ENOSPC, as a full disk does.
+TEST(Metrics, AFailedWriteIsAnErrorNamingTheFile) {
+  MetricsWriter writer("/dev/full", /*append=*/true);
+  AMPP_EXPECT_THROW_WITH(writer.write(StepRecord{}), "writing '/dev/full' failed: No space left on device");
+}
+
+TEST(Metrics, SummaryRoundTripsThroughJson) {
+  Summary s;
+  s.model = "cnn";
+  s.precision = "O1 fp16";
+  s.world_size = 2;
+  s.steps = 42;
+  s.test_accuracy = 90.25;
+  s.final_scale = 16384;
+  const Summary back = summary_from_json(to_json(s));
+  EXPECT_EQ(to_json(back), to_json(s));
+  AMPP_EXPECT_THROW_WITH(summary_from_json(to_json(StepRecord{})), "not a summary record");
+}
+
 TEST(Metrics, MalformedJsonlNamesTheLine) {
   ampp_test::TempDir tmp;
   const auto path = tmp.path() / "bad.jsonl";

@@ -4,81 +4,21 @@
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 
 #include "ampp_test.h"
+#include "train_cli.h"
 
 namespace fs = std::filesystem;
 using namespace ampp::train;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;  // stdout + stderr
-};
-
-Result run_ampp(const std::string& args) {
-  const std::string cmd = std::string(AMPP_CLI) + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-// Small, fast and deterministic: 384 synthetic images, cnn with BatchNorm, 1 thread per worker.
-std::string small_run(const fs::path& dir, const std::string& extra) {
-  return "train --data synthetic:384 --model cnn --batch-size 32 --lr 0.05 --deterministic --threads 1 --quiet "
-         "--no-plots --out " +
-         (dir / "out").string() + " --checkpoint-dir " + (dir / "ckpt").string() + " " + extra;
-}
-
-// Every tensor of the model.pt files (parameters and buffers of every submodule), compared bit
-// for bit in the dtype it was saved in. Reading into a fresh FP32 module would not do: under O2 the
-// file holds bf16 tensors, and a module's load() re-points its FP32 tensors at their storage.
-void collect_tensors(torch::serialize::InputArchive& archive, const std::string& prefix,
-                     std::map<std::string, torch::Tensor>& out) {
-  for (const auto& key : archive.keys()) {
-    c10::IValue value;
-    ASSERT_TRUE(archive.try_read(key, value)) << prefix << key;
-    if (value.isTensor()) {
-      out[prefix + key] = value.toTensor();
-    } else if (value.isObject()) {
-      torch::serialize::InputArchive child;
-      ASSERT_TRUE(archive.try_read(key, child)) << prefix << key;
-      collect_tensors(child, prefix + key + ".", out);
-    }
-  }
-}
-
-void expect_same_model(const fs::path& a, const fs::path& b) {
-  auto load = [](const fs::path& p) {
-    torch::serialize::InputArchive in;
-    in.load_from(p.string());
-    std::map<std::string, torch::Tensor> tensors;
-    collect_tensors(in, "", tensors);
-    return tensors;
-  };
-  const auto ta = load(a), tb = load(b);
-  ASSERT_EQ(ta.size(), tb.size());
-  ASSERT_GE(ta.size(), 14u) << "the cnn has 14 parameters and buffers at least; the file was not read fully";
-  for (const auto& [key, tensor] : ta) {
-    ASSERT_EQ(tb.count(key), 1u) << key;
-    EXPECT_EQ(tensor.scalar_type(), tb.at(key).scalar_type()) << key;
-    EXPECT_TRUE(torch::equal(tensor, tb.at(key))) << key;
-  }
-}
+using ampp_test::expect_same_model;
+using ampp_test::run_ampp;
+using ampp_test::small_run;
 
 void check_resume_is_exact(const std::string& level_flags) {
   ampp_test::TempDir straight, split;
@@ -113,7 +53,18 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--lr-step=-1", "--lr-step must be 0 (constant lr) or a positive number of epochs"},
       {"--log-every 0", "--log-every must be at least 1"},
       {"--nproc 0", "--nproc must be between 1 and 256"},
-      {"--epochs abc", "--epochs"},
+      {"--epochs abc", "--epochs: 'abc' is not an integer"},
+      // Numbers too large for the field: before, a crash (uncaught std::out_of_range) or a silent clamp.
+      {"--epochs 99999999999999999999", "--epochs: '99999999999999999999' is not an integer in"},
+      {"--batch-size 99999999999999999999", "--batch-size: '99999999999999999999' is not an integer in"},
+      {"--threads 4294967297", "--threads: '4294967297' is not an integer in -2147483648..2147483647"},
+      {"--seed 99999999999999999999", "--seed: '99999999999999999999' is not an integer in 0..9223372036854775807"},
+      {"--lr 1e999", "--lr: '1e999' is not a finite number"},
+      {"--clip-grad-norm nan", "--clip-grad-norm: 'nan' is not a finite number"},
+      {"--stall-timeout 1e300", "--stall-timeout must be 0 (off) to 1e6 seconds"},
+      {"--num-classes 1", "--num-classes must be 0 (from the data) or 2 to 100000"},
+      {"--max-consecutive-skips=-1", "--max-consecutive-skips must be 0 (never stop) or a positive number"},
+      {"--timeout 0", "--timeout must be at least 1 second"},
       {"--data /nonexistent/folder --nproc 1", "dataset folder '/nonexistent/folder' does not exist"},
   };
   for (const auto& [flags, message] : cases) {

@@ -2,12 +2,19 @@
 // Subcommands of `ampp` register themselves here from their own translation unit, so that
 // `train`, `run` and `bench` stay independent files. Safe because they are linked into the
 // executable directly (static initialisers in an executable's own objects always run).
+#include <ampp/util/parse_number.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ampp::cli {
@@ -50,6 +57,45 @@ CLI::Validator parsed_by(Parse parse, const std::string& name) {
         }
       },
       "", name);
+}
+
+// `text` as a T by ampp's one whole-string parser; nullopt when it is not one or does not fit.
+template <typename T>
+std::optional<T> parse_as(const std::string& text) {
+  if constexpr (std::is_integral_v<T>) {
+    const auto v = ampp::parse_int(text);
+    if (!v) return std::nullopt;
+    if constexpr (std::is_unsigned_v<T>) {
+      if (*v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) return std::nullopt;
+    } else {
+      if (*v < std::numeric_limits<T>::min() || *v > std::numeric_limits<T>::max()) return std::nullopt;
+    }
+    return static_cast<T>(*v);
+  } else {
+    return ampp::parse_real(text);
+  }
+}
+
+// A number flag bound to `field`, parsed by parse_as<T>: not CLI11's own conversion, which turns
+// 99999999999999999999 into INT64_MAX without a word. The field's value is the shown default.
+template <typename T>
+CLI::Option* add_number(CLI::App& sub, const std::string& name, T& field, const std::string& help) {
+  // parse_int reads int64, so an unsigned field's largest value is int64's.
+  const auto largest = std::min<uint64_t>(std::numeric_limits<T>::max(), std::numeric_limits<int64_t>::max());
+  const std::string kind = std::is_integral_v<T>
+                               ? fmt::format("an integer in {}..{}", std::numeric_limits<T>::min(), largest)
+                               : std::string("a finite number");
+  auto check = CLI::Validator(
+      [kind](std::string& text) -> std::string {
+        return parse_as<T>(text) ? std::string() : "'" + text + "' is not " + kind;
+      },
+      "", std::is_integral_v<T> ? "INT" : "NUMBER");
+  return sub
+      .add_option_function<std::string>(
+          name, [&field](const std::string& text) { field = *parse_as<T>(text); }, help)
+      ->check(check)
+      ->type_name(std::is_integral_v<T> ? "INT" : "NUMBER")
+      ->default_str(fmt::format("{}", field));
 }
 
 }  // namespace ampp::cli

@@ -31,6 +31,7 @@ struct RunArgs {
   bool standalone = false;
   bool no_python = false;
   double shutdown_grace_s = 5.0;
+  double stall_timeout_s = ampp::dist::LaunchOptions().stall_timeout().count() / 1000.0;
   bool no_prefix = false;
   bool quiet = false;
 };
@@ -74,6 +75,10 @@ int parse_nnodes(const std::string& text) {
 }
 
 int run(const RunArgs& a, std::vector<std::string> program) {
+  TORCH_CHECK(a.shutdown_grace_s >= 0 && a.shutdown_grace_s <= 1e6, "--shutdown-grace must be 0 to 1e6 seconds (got ",
+              a.shutdown_grace_s, ")");
+  TORCH_CHECK(a.stall_timeout_s >= 0 && a.stall_timeout_s <= 1e6,
+              "--stall-timeout must be 0 (off) to 1e6 seconds (got ", a.stall_timeout_s, ")");
   ampp::dist::LaunchOptions options;
   options.nproc_per_node(parse_nproc(a.nproc_per_node))
       .nnodes(parse_nnodes(a.nnodes))
@@ -83,9 +88,9 @@ int run(const RunArgs& a, std::vector<std::string> program) {
       .max_restarts(a.max_restarts)
       .run_id(a.run_id)
       .shutdown_grace(std::chrono::milliseconds(static_cast<long long>(a.shutdown_grace_s * 1000)))
+      .stall_timeout(std::chrono::milliseconds(static_cast<long long>(a.stall_timeout_s * 1000)))
       .prefix_output(!a.no_prefix)
       .verbose(!a.quiet);
-  TORCH_CHECK(a.shutdown_grace_s >= 0, "--shutdown-grace must be >= 0 seconds (got ", a.shutdown_grace_s, ")");
   if (a.standalone) {  // torchrun --standalone: one node, local rendezvous on a free port
     TORCH_CHECK(options.nnodes() == 1, "--standalone runs a single node; drop --nnodes ", options.nnodes(),
                 " or --standalone");
@@ -111,22 +116,22 @@ const bool registered = ampp::cli::register_command(
            ->capture_default_str();
        sub.add_option("--nnodes", args->nnodes, "Number of nodes (N, or MIN:MAX with MIN == MAX)")
            ->capture_default_str();
-       sub.add_option("--node-rank,--node_rank", args->node_rank, "This node's rank in 0..nnodes-1")
-           ->capture_default_str();
+       ampp::cli::add_number(sub, "--node-rank,--node_rank", args->node_rank, "This node's rank in 0..nnodes-1");
        sub.add_option("--master-addr,--master_addr", args->master_addr, "Address of the node with node rank 0")
            ->capture_default_str();
-       sub.add_option("--master-port,--master_port", args->master_port,
-                      "Rendezvous port (default: a free port on one node, 29500 with several)");
-       sub.add_option("--max-restarts,--max_restarts", args->max_restarts,
-                      "Restarts of the whole worker group after a failure")
-           ->capture_default_str();
+       ampp::cli::add_number(sub, "--master-port,--master_port", args->master_port,
+                             "Rendezvous port (0: a free port on one node, 29500 with several)");
+       ampp::cli::add_number(sub, "--max-restarts,--max_restarts", args->max_restarts,
+                             "Restarts of the whole worker group after a failure");
        sub.add_option("--rdzv-id,--rdzv_id", args->run_id, "Job id (TORCHELASTIC_RUN_ID)")->capture_default_str();
        sub.add_flag("--standalone", args->standalone, "Single-node job on localhost with a free port");
        sub.add_flag("--no-python,--no_python", args->no_python,
                     "Run the program directly, even a *.py file (the default for other files)");
-       sub.add_option("--shutdown-grace", args->shutdown_grace_s,
-                      "Seconds between SIGTERM and SIGKILL when tearing the group down (torchrun: 30)")
-           ->capture_default_str();
+       ampp::cli::add_number(sub, "--shutdown-grace", args->shutdown_grace_s,
+                             "Seconds between SIGTERM and SIGKILL when tearing the group down (torchrun: 30)");
+       ampp::cli::add_number(sub, "--stall-timeout", args->stall_timeout_s,
+                             "Seconds a worker that reports progress (ampp train does) may fall silent before it "
+                             "is named and the group torn down (0: off)");
        sub.add_flag("--no-prefix", args->no_prefix, "Do not prefix worker output with [rank<R>]:");
        sub.add_flag("-q,--quiet", args->quiet, "Only print failures, not progress");
        // The program and its arguments are collected from remaining(), so that everything from

@@ -13,6 +13,7 @@
 #include <ampp/precision/dtype.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/trainer.h>
+#include <ampp/util/atomic_file.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@ using ampp::train::TrainOptions;
 struct TrainArgs {
   TrainOptions options;
   int nproc = 2;
+  double stall_timeout_s = ampp::dist::LaunchOptions().stall_timeout().count() / 1000.0;
 };
 
 std::string self_exe() {
@@ -62,18 +64,20 @@ void add_precision_flags(CLI::App& sub, TrainOptions& o) {
 }
 
 void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
-  sub.add_option("--batch-size", o.batch_size(), "global batch size, split across workers")->capture_default_str();
-  sub.add_option("--epochs", o.epochs(), "training epochs (in total, also when resuming)")->capture_default_str();
-  sub.add_option("--steps", o.steps(), "stop after this many steps in total (0: no limit)")->capture_default_str();
-  sub.add_option("--lr", o.lr(), "SGD learning rate")->capture_default_str();
-  sub.add_option("--momentum", o.momentum(), "SGD momentum")->capture_default_str();
-  sub.add_option("--weight-decay", o.weight_decay(), "SGD weight decay")->capture_default_str();
-  sub.add_option("--lr-step", o.lr_step(), "StepLR step size in epochs (0: constant lr)")->capture_default_str();
-  sub.add_option("--lr-gamma", o.lr_gamma(), "StepLR factor")->capture_default_str();
-  sub.add_option("--clip-grad-norm", o.clip_grad_norm(), "clip the (unscaled) gradient norm to this (0: off)")
-      ->capture_default_str();
-  sub.add_option("--seed", o.seed(), "seed for weights, data order and synthetic data")->capture_default_str();
+  ampp::cli::add_number(sub, "--batch-size", o.batch_size(), "global batch size, split across workers");
+  ampp::cli::add_number(sub, "--epochs", o.epochs(), "training epochs (in total, also when resuming)");
+  ampp::cli::add_number(sub, "--steps", o.steps(), "stop after this many steps in total (0: no limit)");
+  ampp::cli::add_number(sub, "--lr", o.lr(), "SGD learning rate");
+  ampp::cli::add_number(sub, "--momentum", o.momentum(), "SGD momentum");
+  ampp::cli::add_number(sub, "--weight-decay", o.weight_decay(), "SGD weight decay");
+  ampp::cli::add_number(sub, "--lr-step", o.lr_step(), "StepLR step size in epochs (0: constant lr)");
+  ampp::cli::add_number(sub, "--lr-gamma", o.lr_gamma(), "StepLR factor");
+  ampp::cli::add_number(sub, "--clip-grad-norm", o.clip_grad_norm(),
+                        "clip the (unscaled) gradient norm to this (0: off)");
+  ampp::cli::add_number(sub, "--seed", o.seed(), "seed for weights, data order and synthetic data");
   sub.add_flag("--deterministic", o.deterministic(), "deterministic algorithms only");
+  ampp::cli::add_number(sub, "--max-consecutive-skips", o.max_consecutive_skips(),
+                        "stop with an error after this many steps in a row skipped for inf/NaN gradients (0: never)");
 }
 
 void add_run_flags(CLI::App& sub, TrainArgs& a) {
@@ -81,16 +85,20 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
   sub.add_option("--model", o.model(), "mlp, cnn (with BatchNorm) or resnet")->capture_default_str();
   sub.add_option("--data", o.data(),
                  "Fashion-MNIST from dataset-fashion-mnist (default), 'synthetic[:N]' or an MNIST-format folder");
-  sub.add_option("--nproc", a.nproc, "worker processes (DDP + DistributedSampler through the launcher)")
-      ->capture_default_str();
-  sub.add_option("--threads", o.threads(), "intra-op threads per worker (0: cores / workers)")->capture_default_str();
+  ampp::cli::add_number(sub, "--num-classes", o.num_classes(), "number of classes (0: from the labels)");
+  ampp::cli::add_number(sub, "--nproc", a.nproc, "worker processes (DDP + DistributedSampler through the launcher)");
+  ampp::cli::add_number(sub, "--stall-timeout", a.stall_timeout_s,
+                        "seconds a worker may make no progress before it is named and the run stopped (0: off)");
+  ampp::cli::add_number(sub, "--timeout", o.timeout(),
+                        "seconds a collective or the rendezvous may wait for another worker");
+  ampp::cli::add_number(sub, "--threads", o.threads(), "intra-op threads per worker (0: cores / workers)");
   sub.add_option("--checkpoint-dir", o.checkpoint_dir(), "write checkpoints here (every epoch)");
-  sub.add_option("--checkpoint-every", o.checkpoint_every(), "also checkpoint every N steps (0: per epoch only)")
-      ->capture_default_str();
+  ampp::cli::add_number(sub, "--checkpoint-every", o.checkpoint_every(),
+                        "also checkpoint every N steps (0: per epoch only)");
   sub.add_flag("--resume", o.resume(), "continue from --checkpoint-dir's checkpoint");
   sub.add_option("--out", o.out(), "folder for metrics.jsonl, summary.json, model.pt and plots")->capture_default_str();
-  sub.add_option("--log-every", o.log_every(), "a metrics.jsonl step line every N steps (and for every skipped step)")
-      ->capture_default_str();
+  ampp::cli::add_number(sub, "--log-every", o.log_every(),
+                        "a metrics.jsonl step line every N steps (and for every skipped step)");
   sub.add_flag_callback("--no-plots", [&o] { o.plots(false); }, "do not run gnuplot");
   sub.add_flag_callback("--quiet", [&o] { o.progress(false); }, "no progress output");
 }
@@ -105,16 +113,23 @@ int launch_workers(const TrainArgs& a) {
     TORCH_CHECK(std::filesystem::is_directory(ampp::train::kFashionMnistDir), "Fashion-MNIST not found in ",
                 ampp::train::kFashionMnistDir, ": install it with `sudo apt install dataset-fashion-mnist`, or pass ",
                 "--data DIR (an MNIST-format folder) or --data synthetic");
+  // Unusable output folders fail here too, once, before the workers load any data.
+  ampp::check_writable_folder(o.out(), "TrainOptions::out");
+  if (!o.checkpoint_dir().empty()) ampp::check_writable_folder(o.checkpoint_dir(), "TrainOptions::checkpoint_dir");
   // Idle OpenMP threads sleep instead of spinning against the other worker (notes: ~1.6x on fp32).
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
   std::vector<std::string> argv{self_exe()};
   const auto& args = ampp::cli::original_args();
   argv.insert(argv.end(), args.begin(), args.end());
-  return ampp::dist::launch(ampp::dist::LaunchOptions().nproc_per_node(a.nproc).verbose(false), argv);
+  const auto stall_timeout = std::chrono::milliseconds(static_cast<long long>(a.stall_timeout_s * 1000));
+  return ampp::dist::launch(
+      ampp::dist::LaunchOptions().nproc_per_node(a.nproc).stall_timeout(stall_timeout).verbose(false), argv);
 }
 
 int run(const TrainArgs& a) {
   TORCH_CHECK(a.nproc >= 1 && a.nproc <= 256, "--nproc must be between 1 and 256, got ", a.nproc);
+  TORCH_CHECK(a.stall_timeout_s >= 0 && a.stall_timeout_s <= 1e6,
+              "--stall-timeout must be 0 (off) to 1e6 seconds, got ", a.stall_timeout_s);
   ampp::train::validate(a.options);
   const char* world = std::getenv("WORLD_SIZE");
   if (a.nproc > 1 && (world == nullptr || *world == '\0')) return launch_workers(a);

@@ -137,6 +137,9 @@ class Amp {
   /// Restores the loss scalers and, if present, the masters (the model is refreshed from them).
   void load_state_dict(const AmpStateDict& state);
 
+  /// True when scale_loss(...).backward() checks the gradients for inf/NaN (and step() skips on
+  /// them): a loss scaler is in use. False at apex's O0/O3 defaults (static scale 1.0) and disabled.
+  bool checks_overflow() const;
   /// The live scale of loss scaler `loss_id` (1.0 for a static 1.0 / disabled).
   double loss_scale(int64_t loss_id = 0) const;
   const GradScaler& scaler(int64_t loss_id = 0) const;

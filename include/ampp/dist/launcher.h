@@ -12,7 +12,8 @@
 // ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
 // TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=False (there is no
 // agent store: rank 0 hosts the TCPStore), NCCL_ASYNC_ERROR_HANDLING=1 unless set, and
-// OMP_NUM_THREADS / OPENBLAS_NUM_THREADS = max(1, usable cores / nproc_per_node) unless set.
+// OMP_NUM_THREADS / OPENBLAS_NUM_THREADS = max(1, usable cores / nproc_per_node) unless set, and
+// AMPP_HEARTBEAT_FILE (see stall_timeout).
 #include <chrono>
 #include <string>
 #include <vector>
@@ -39,6 +40,11 @@ struct LaunchOptions {
   // After a failure or a forwarded SIGINT/SIGTERM: time the workers get to exit before SIGKILL.
   // torchrun waits 30 s; ampp tears down "within seconds" by default.
   TORCH_ARG(std::chrono::milliseconds, shutdown_grace) = std::chrono::milliseconds(5000);
+  // A worker that reports progress (ampp/dist/heartbeat.h; `ampp train` does) and then falls silent
+  // this long is named and the group torn down (then restarted if restarts are left), instead of
+  // the job waiting for a 30-minute collective timeout. Workers that never report are not watched.
+  // 0 = off. Watches this node's workers only.
+  TORCH_ARG(std::chrono::milliseconds, stall_timeout) = std::chrono::milliseconds(30000);
   // Prefix every output line with "[rank<R>]: " (torchrun 2.x --tee style).
   TORCH_ARG(bool, prefix_output) = true;
   // Launcher messages ("ampp run: ...") on stderr; false keeps only failure reports.

@@ -11,8 +11,8 @@
 //  28  u32      CRC32 of bytes 0..27 (the header itself)
 //  32  payload  torch::serialize::OutputArchive bytes
 //
-// Writing: temporary file in the same folder, write, fsync(file), rename over the target,
-// fsync(folder). A process killed at any point leaves either the previous file or the new
+// Writing: ampp::write_file_atomic (temporary file in the same folder, write, fsync(file), rename
+// over the target, fsync(folder)). A process killed at any point leaves either the previous file or the new
 // one, both complete. Reading checks magic, version, length and both CRCs before LibTorch
 // parses anything, so a truncated or corrupted file is a clear error rather than a crash.
 //
@@ -33,6 +33,7 @@ inline constexpr uint32_t kCheckpointVersion = 1;
 inline constexpr size_t kCheckpointHeaderSize = 32;
 
 // Low level: container around raw payload bytes.
+std::string checkpoint_file_bytes(const std::string& payload);  // header + payload
 void write_checkpoint_bytes(const std::string& path, const std::string& payload);
 std::string read_checkpoint_bytes(const std::string& path);
 
@@ -41,9 +42,6 @@ void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string
 // Throws c10::Error naming the file and the problem (missing, truncated, corrupted, not a
 // checkpoint, unreadable archive).
 void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path);
-
-// Writes `bytes` to `path` atomically (temp file + fsync + rename + fsync of the folder).
-void write_file_atomic(const std::string& path, const std::string& bytes);
 
 // The global CPU generator's state (torch::manual_seed's stream), to save and restore.
 torch::Tensor get_rng_state();
@@ -63,8 +61,9 @@ struct RunPosition {
   int64_t batch = 0;        // batches of that epoch already done
   int64_t global_step = 0;
   int64_t skipped_total = 0;
-  double elapsed = 0;    // seconds of training so far
-  EpochSums epoch_sums;  // the epoch's running sums as global totals (meaningful on rank 0)
+  double elapsed = 0;          // seconds of training so far
+  EpochSums epoch_sums;        // the epoch's running sums as global totals (meaningful on rank 0)
+  double last_train_loss = 0;  // the last finished epoch's mean training loss (for a finished run's summary)
 };
 
 // The live objects a training checkpoint is written from and read into.
@@ -75,7 +74,11 @@ struct TrainingObjects {
   dist::DistributedSampler& sampler;
 };
 
-// Writes the objects, the position and the global CPU RNG state atomically to `path`.
+// The bytes of a checkpoint file (header + archive) of the objects, the position and the global
+// CPU RNG state.
+std::string training_checkpoint_bytes(const TrainingObjects& objects, const RunPosition& position);
+
+// Writes training_checkpoint_bytes atomically to `path`.
 void save_training_checkpoint(const std::string& path, const TrainingObjects& objects, const RunPosition& position);
 
 // A training checkpoint read and checked; restore() then loads it into the objects.
@@ -83,10 +86,13 @@ class TrainingCheckpoint {
  public:
   explicit TrainingCheckpoint(const std::string& path);
   const RunPosition& position() const { return position_; }
-  // Loads model, amp, optimizer and sampler states and the global CPU RNG state.
+  // Loads model, amp, optimizer and sampler states and the global CPU RNG state; an archive that does
+  // not fit the objects is a one-line error naming the file.
   void restore(const TrainingObjects& objects);
 
  private:
+  void restore_objects(const TrainingObjects& objects);
+  std::string path_;
   torch::serialize::InputArchive archive_;
   RunPosition position_;
   torch::Tensor rng_state_;

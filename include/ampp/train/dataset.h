@@ -34,8 +34,10 @@ torch::Tensor read_idx(const std::string& path);
 // Loads an MNIST-format folder: train-images-idx3-ubyte, train-labels-idx1-ubyte,
 // t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each optionally with .gz; the
 // "train-images.idx3-ubyte" spelling is accepted too). Images are scaled to [0,1] and then
-// normalised with the training split's mean and standard deviation.
-DatasetPair load_mnist_folder(const std::string& dir);
+// normalised with the training split's mean and standard deviation. num_classes > 0 states the
+// number of classes (a larger label is an error); 0 takes max label + 1 and refuses a gap (a class
+// below the largest label with no training image, the sign of a stray label).
+DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes = 0);
 
 struct SyntheticOptions {
   TORCH_ARG(int64_t, train_size) = 2048;
@@ -53,6 +55,7 @@ DatasetPair make_synthetic(const SyntheticOptions& options = {});
 // `spec` as given to `ampp train --data`: "" or "fashion-mnist" -> the Debian package's
 // folder (an error naming `apt install dataset-fashion-mnist` if absent), "synthetic" or
 // "synthetic:N" (N training images) -> make_synthetic, anything else -> an MNIST-format folder.
-DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed = 0);
+// num_classes: as for load_mnist_folder; for synthetic data the number of classes (0: 10).
+DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed = 0, int64_t num_classes = 0);
 
 }  // namespace ampp::train

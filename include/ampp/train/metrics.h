@@ -94,6 +94,8 @@ struct Summary {
 // The summary as an aligned text table.
 std::string summary_table(const Summary& s);
 nlohmann::json to_json(const Summary& s);
+// The inverse of to_json (throws naming the record when a key is missing).
+Summary summary_from_json(const nlohmann::json& j);
 
 // Peak resident set size of this process in MiB (getrusage).
 double peak_rss_mb();

@@ -46,8 +46,17 @@ struct TrainOptions {
   TORCH_ARG(double, lr_gamma) = 0.1;
   // clip_grad_norm_ on the (unscaled) master gradients; 0 = off.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
+  // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).
+  TORCH_ARG(int64_t, num_classes) = 0;
+  // The run stops with an error after this many steps in a row were skipped for non-finite gradients
+  // (at every opt level: without a loss scaler the gradients are checked before the step too), so a
+  // diverged run never ends "successfully" or steps NaN into the weights. 0 = never stop.
+  TORCH_ARG(int64_t, max_consecutive_skips) = 25;
   TORCH_ARG(uint64_t, seed) = 0;
   TORCH_ARG(bool, deterministic) = false;
+  // Seconds a collective or the rendezvous waits for the other workers before failing (PyTorch's
+  // default is 30 minutes; a stalled local worker is named sooner by the launcher's stall watch).
+  TORCH_ARG(double, timeout) = 300;
   // Intra-op threads per worker; 0 = OMP_NUM_THREADS if set, else cores / local workers.
   TORCH_ARG(int, threads) = 0;
   // "" = no checkpoints. Written every epoch and every checkpoint_every steps (0 = per epoch only).
@@ -69,9 +78,11 @@ void validate(const TrainOptions& options);
 // The checkpoint file inside checkpoint_dir.
 std::string checkpoint_path(const TrainOptions& options);
 
-// Runs this process's part of the training. Distributed when WORLD_SIZE > 1 in the
-// environment (RANK, MASTER_ADDR, ... as set by `ampp run` / the launcher / torchrun).
-// Returns the summary (identical on every rank for the globally reduced numbers).
+// Runs this process's part of the training. Before any work it checks that `out` and
+// `checkpoint_dir` are writable and locks `out` against a second run. Resuming a run that already
+// finished changes nothing and returns its stored summary (or rewrites outputs a crash cut off). Distributed when
+// WORLD_SIZE > 1 in the environment (RANK, MASTER_ADDR, ... as set by `ampp run` / the launcher / torchrun). Returns
+// the summary (identical on every rank for the globally reduced numbers).
 Summary train(const TrainOptions& options);
 
 }  // namespace ampp::train

@@ -237,6 +237,8 @@ const GradScaler& Amp::scaler(int64_t loss_id) const {
 }
 
 int64_t Amp::skipped_steps() const { return state_->skipped_steps; }
+
+bool Amp::checks_overflow() const { return state_->scales_loss; }
 const Properties& Amp::properties() const { return state_->props; }
 c10::ScalarType Amp::model_storage_dtype() const {
   const AmpState& st = *state_;

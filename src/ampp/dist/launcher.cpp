@@ -23,6 +23,7 @@
 #include <fmt/ranges.h>
 
 #include "launcher_posix.h"
+#include "stall_watch.h"
 
 extern char** environ;
 
@@ -197,7 +198,8 @@ struct Plan {
   std::map<std::string, std::string> base_env;  // launcher environment + job-wide variables
 };
 
-std::vector<std::string> worker_env(const Plan& plan, int local_rank, int restart_count) {
+std::vector<std::string> worker_env(const Plan& plan, int local_rank, int restart_count,
+                                    const std::string& heartbeat_file) {
   const LaunchOptions& o = plan.options;
   const int rank = o.node_rank() * o.nproc_per_node() + local_rank;
   std::map<std::string, std::string> env = plan.base_env;
@@ -206,6 +208,7 @@ std::vector<std::string> worker_env(const Plan& plan, int local_rank, int restar
   env["GROUP_RANK"] = std::to_string(o.node_rank());
   env["ROLE_RANK"] = std::to_string(rank);  // one role ("default") spanning all workers
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
+  if (!heartbeat_file.empty()) env["AMPP_HEARTBEAT_FILE"] = heartbeat_file;
   std::vector<std::string> out;
   out.reserve(env.size());
   for (const auto& [key, value] : env) out.push_back(key + "=" + value);
@@ -224,7 +227,9 @@ struct AttemptResult {
   int failed = -1;        // index of the first worker that failed, -1 if none
   int failed_status = 0;  // its wait status
   pid_t failed_pid = -1;
-  int interrupted_by = 0;  // signal received by the launcher, 0 if none
+  std::string stalled;      // why the failed worker counts as stalled ("" if it exited)
+  std::string failed_step;  // " (last reported step S)" from its heartbeat, or ""
+  int interrupted_by = 0;   // signal received by the launcher, 0 if none
 };
 
 void say(const LaunchOptions& o, const std::string& message) {
@@ -264,6 +269,7 @@ struct Attempt {
 
   void start_teardown(int sig, std::chrono::milliseconds grace) {
     detail::signal_groups(children, sig);
+    detail::signal_groups(children, SIGCONT);  // a stopped worker can only act on `sig` once continued
     if (!kill_at) kill_at = Clock::now() + grace;
   }
   bool all_done() const {
@@ -271,12 +277,13 @@ struct Attempt {
   }
 };
 
-void start_worker(const Plan& plan, int local_rank, int restart_count, pid_t launcher, Attempt& attempt) {
+void start_worker(const Plan& plan, int local_rank, int restart_count, pid_t launcher, Attempt& attempt,
+                  const std::string& heartbeat_file) {
   const LaunchOptions& o = plan.options;
   Worker& w = attempt.workers[static_cast<size_t>(local_rank)];
   w.local_rank = local_rank;
   w.rank = o.node_rank() * o.nproc_per_node() + local_rank;
-  const std::vector<std::string> env = worker_env(plan, local_rank, restart_count);
+  const std::vector<std::string> env = worker_env(plan, local_rank, restart_count, heartbeat_file);
   int out[2], err[2];
   TORCH_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0,
               "launch: cannot create pipes: ", std::strerror(errno));
@@ -326,7 +333,7 @@ void pump_once(const LaunchOptions& o, const SignalRelay& signals, Attempt& atte
 }
 
 // Reaps exited workers; the first failure (before any teardown) stops the others.
-void reap_workers(const LaunchOptions& o, Attempt& attempt) {
+void reap_workers(const LaunchOptions& o, Attempt& attempt, const detail::StallWatch& watch) {
   AttemptResult& result = attempt.result;
   for (int i : detail::reap_exited(attempt.children)) {
     const detail::Child& c = attempt.children[static_cast<size_t>(i)];
@@ -334,8 +341,10 @@ void reap_workers(const LaunchOptions& o, Attempt& attempt) {
     result.failed = i;
     result.failed_status = c.status;
     result.failed_pid = c.pid;
-    say(o, fmt::format("worker rank {} (local rank {}, pid {}) failed with {}; stopping the other workers",
-                       attempt.workers[static_cast<size_t>(i)].rank, i, c.pid, detail::describe_wait_status(c.status)));
+    result.failed_step = watch.last_step_text(i);
+    say(o, fmt::format("worker rank {} (local rank {}, pid {}) failed with {}{}; stopping the other workers",
+                       attempt.workers[static_cast<size_t>(i)].rank, i, c.pid, detail::describe_wait_status(c.status),
+                       result.failed_step));
     attempt.start_teardown(SIGTERM, o.shutdown_grace());
   }
   if (attempt.kill_at && !attempt.killed && !attempt.all_done() && Clock::now() >= *attempt.kill_at) {
@@ -346,16 +355,35 @@ void reap_workers(const LaunchOptions& o, Attempt& attempt) {
   }
 }
 
-AttemptResult run_attempt(const Plan& plan, int restart_count, const SignalRelay& signals) {
+// A worker silent for LaunchOptions::stall_timeout fails the attempt like a crashed one.
+void check_stalls(const LaunchOptions& o, detail::StallWatch& watch, Attempt& attempt) {
+  if (attempt.result.failed >= 0 || attempt.result.interrupted_by != 0 || attempt.kill_at) return;
+  std::vector<pid_t> pids;
+  for (const auto& c : attempt.children) pids.push_back(c.running ? c.pid : -1);
+  const auto stall = watch.check(pids);
+  if (!stall) return;
+  AttemptResult& result = attempt.result;
+  result.failed = stall->local_index;
+  result.failed_pid = pids[static_cast<size_t>(stall->local_index)];
+  result.stalled = stall->cause;
+  say(o, fmt::format("worker rank {} (local rank {}, pid {}) {}; stopping the other workers",
+                     attempt.workers[static_cast<size_t>(stall->local_index)].rank, stall->local_index,
+                     result.failed_pid, stall->cause));
+  attempt.start_teardown(SIGTERM, o.shutdown_grace());
+}
+
+AttemptResult run_attempt(const Plan& plan, int restart_count, const SignalRelay& signals, detail::StallWatch& watch) {
   const LaunchOptions& o = plan.options;
   const pid_t launcher = ::getpid();
   Attempt attempt;
   attempt.workers.resize(static_cast<size_t>(o.nproc_per_node()));
   attempt.children.resize(static_cast<size_t>(o.nproc_per_node()));
-  for (int i = 0; i < o.nproc_per_node(); ++i) start_worker(plan, i, restart_count, launcher, attempt);
+  watch.reset();
+  for (int i = 0; i < o.nproc_per_node(); ++i) start_worker(plan, i, restart_count, launcher, attempt, watch.file(i));
   while (!attempt.all_done()) {
     pump_once(o, signals, attempt);
-    reap_workers(o, attempt);
+    reap_workers(o, attempt, watch);
+    check_stalls(o, watch, attempt);
   }
   // Every worker is reaped: print what is left in the pipes. Descendants of a worker may still
   // hold a pipe open; we do not wait for them.
@@ -385,6 +413,8 @@ void validate(const LaunchOptions& o) {
   TORCH_CHECK(!o.master_addr().empty(),
               "LaunchOptions::master_addr is empty: give the address of the node with node rank 0");
   TORCH_CHECK(o.max_restarts() >= 0, "LaunchOptions::max_restarts must be >= 0 (got ", o.max_restarts(), ")");
+  TORCH_CHECK(o.stall_timeout().count() >= 0, "LaunchOptions::stall_timeout must be 0 (off) or positive (got ",
+              o.stall_timeout().count(), " ms)");
   TORCH_CHECK(o.shutdown_grace().count() >= 0, "the shutdown grace period must be >= 0 (got ",
               o.shutdown_grace().count(), " ms)");
   TORCH_CHECK(static_cast<long long>(o.nproc_per_node()) * o.nnodes() <= 1 << 24,
@@ -459,8 +489,9 @@ std::optional<int> attempt_outcome(const LaunchOptions& options, const AttemptRe
     return 0;
   }
   const int rank = options.node_rank() * options.nproc_per_node() + r.failed;
-  const std::string cause = fmt::format("worker rank {} (local rank {}, pid {}) failed with {}", rank, r.failed,
-                                        r.failed_pid, detail::describe_wait_status(r.failed_status));
+  const std::string cause = fmt::format(
+      "worker rank {} (local rank {}, pid {}) {}", rank, r.failed, r.failed_pid,
+      r.stalled.empty() ? "failed with " + detail::describe_wait_status(r.failed_status) + r.failed_step : r.stalled);
   const int left = options.max_restarts() - attempt;
   if (left > 0) {
     say(options, fmt::format("worker group FAILED: {}; {}/{} restarts left, restarting the worker group", cause, left,
@@ -480,12 +511,13 @@ int launch(const LaunchOptions& options, std::vector<std::string> argv) {
   validate(options);
   const Plan plan = make_plan(options, std::move(argv));
   SignalRelay signals;
+  detail::StallWatch watch(options.nproc_per_node(), options.stall_timeout());
   for (int attempt = 0;; ++attempt) {
     say(options, fmt::format("starting {} worker{} on node {}/{} (world size {}, master {}:{}, restart {}/{}): {}",
                              options.nproc_per_node(), options.nproc_per_node() > 1 ? "s" : "", options.node_rank(),
                              options.nnodes(), plan.world_size, options.master_addr(), plan.port, attempt,
                              options.max_restarts(), fmt::join(plan.argv, " ")));
-    if (const auto code = attempt_outcome(options, run_attempt(plan, attempt, signals), attempt)) return *code;
+    if (const auto code = attempt_outcome(options, run_attempt(plan, attempt, signals, watch), attempt)) return *code;
   }
 }
 

@@ -141,6 +141,7 @@ std::string local_address_towards(const std::string& host, int port) {
 
 std::string seconds(std::chrono::milliseconds t) { return fmt::format("{:g}s", t.count() / 1000.0); }
 
+// rank 0 hosts the store; rank -1 connects as a client only (the store's host is torchrun's agent).
 c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port, int rank,
                                                std::chrono::milliseconds timeout, const std::string& origin) {
   TORCH_CHECK(port <= 65535, "ampp::dist::init_process_group: port ", port, " (", origin,
@@ -166,8 +167,9 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port
       TORCH_CHECK(false, "ampp::dist::init_process_group: rank 0 could not start the rendezvous store on port ", port,
                   " (", origin, "). c10d said: ", what);
     }
-    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " could not reach the master at ", host, ":",
-                port, " (", origin, ") within the timeout of ", seconds(timeout),
+    TORCH_CHECK(false, "ampp::dist::init_process_group: ", rank >= 0 ? c10::str("rank ", rank) : "this worker",
+                " could not reach the master at ", host, ":", port, " (", origin, ") within the timeout of ",
+                seconds(timeout),
                 ". Check that rank 0 is running, that MASTER_ADDR/MASTER_PORT (or the tcp:// URL) name rank 0's "
                 "host and port and are reachable from this host, or raise the timeout if ranks start far apart. "
                 "c10d said: ",
@@ -315,7 +317,23 @@ struct Membership {
   std::string master_addr;
   int master_port = -1;
   std::string origin;  // how the rendezvous was given, for error messages
+  // torchrun's agent already hosts the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
+  // every rank connects as a client, under this attempt's prefix.
+  bool agent_store = false;
+  std::string agent_prefix;
 };
+
+// As PyTorch's env:// rendezvous: "True" exactly. PyTorch 1.x keys each attempt under
+// /worker/attempt_<restart count> of one store; 2.x starts a fresh store per attempt and drops the
+// prefix. ampp always uses it: harmless on a fresh store, needed on a reused one.
+void resolve_agent_store(Membership& m) {
+  const char* use = getenv_nonempty("TORCHELASTIC_USE_AGENT_STORE");
+  m.agent_store = use != nullptr && std::string(use) == "True";
+  if (!m.agent_store) return;
+  const char* attempt = getenv_nonempty("TORCHELASTIC_RESTART_COUNT");
+  m.agent_prefix = fmt::format("/worker/attempt_{}", attempt ? attempt : "0");
+  m.origin += " (torchrun's agent store)";
+}
 
 void resolve_rank_and_world(const InitOptions& options, Membership& m) {
   m.rank = options.rank();
@@ -332,6 +350,7 @@ void resolve_rank_and_world(const InitOptions& options, Membership& m) {
     m.master_addr = require_env("MASTER_ADDR");
     m.master_port = static_cast<int>(parse_int("environment variable MASTER_PORT", require_env("MASTER_PORT"), 0));
     m.origin = fmt::format("env:// MASTER_ADDR={} MASTER_PORT={}", m.master_addr, m.master_port);
+    resolve_agent_store(m);
   } else {
     TORCH_CHECK(m.rank >= 0, "ampp::dist::init_process_group(", m.url.scheme,
                 "://): rank parameter missing. Pass InitOptions().rank(r) or append ?rank=r to the URL.");
@@ -378,8 +397,10 @@ c10::intrusive_ptr<c10d::Store> open_store(const Membership& m, std::chrono::mil
     store->setTimeout(timeout);
     return store;
   }
-  store = make_tcp_store(m.master_addr, m.master_port, static_cast<int>(m.rank), timeout, m.origin);
+  store =
+      make_tcp_store(m.master_addr, m.master_port, m.agent_store ? -1 : static_cast<int>(m.rank), timeout, m.origin);
   device_address = local_address_towards(m.master_addr, m.master_port);
+  if (m.agent_store) store = c10::make_intrusive<c10d::PrefixStore>(m.agent_prefix, store);
   return store;
 }
 

@@ -1,8 +1,7 @@
 #include <ampp/train/checkpoint.h>
+#include <ampp/util/atomic_file.h>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -29,6 +28,13 @@ uint64_t get_le(const char* p, int bytes) {
   return v;
 }
 
+// An error's message without LibTorch's C++ backtrace: one line for the user.
+std::string first_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10_error ? c10_error->what_without_backtrace() : e.what();
+  return text.substr(0, text.find('\n'));
+}
+
 uint32_t crc32_of(const char* data, size_t n) {
   uLong crc = crc32(0L, Z_NULL, 0);
   while (n > 0) {  // zlib's length argument is 32-bit
@@ -40,60 +46,9 @@ uint32_t crc32_of(const char* data, size_t n) {
   return static_cast<uint32_t>(crc);
 }
 
-std::string errno_text() { return std::strerror(errno); }
-
-// RAII file descriptor.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const fs::path target = fs::absolute(path);
-  const fs::path dir = target.parent_path();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  TORCH_CHECK(fs::is_directory(dir), "cannot create checkpoint folder '", dir.string(), "': ", ec.message());
-  // Same folder, so rename() is atomic (same file system); pid keeps concurrent writers apart.
-  const fs::path tmp = dir / (target.filename().string() + ".tmp." + std::to_string(::getpid()));
-  {
-    Fd f;
-    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    TORCH_CHECK(f.fd >= 0, "cannot create '", tmp.string(), "': ", errno_text(), "; check the folder is writable");
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const std::string why = errno_text();
-        fs::remove(tmp, ec);
-        TORCH_CHECK(false, "writing checkpoint '", tmp.string(), "' failed: ", why, " (disk full?)");
-      }
-      done += static_cast<size_t>(n);
-    }
-    // The data must be on disk before the rename makes it visible under the real name.
-    if (::fsync(f.fd) != 0) {
-      const std::string why = errno_text();
-      fs::remove(tmp, ec);
-      TORCH_CHECK(false, "fsync of '", tmp.string(), "' failed: ", why);
-    }
-  }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    const std::string why = errno_text();
-    fs::remove(tmp, ec);
-    TORCH_CHECK(false, "renaming '", tmp.string(), "' to '", target.string(), "' failed: ", why);
-  }
-  // Persist the directory entry too, or a power loss could forget the rename.
-  Fd d;
-  d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d.fd >= 0) ::fsync(d.fd);
-}
-
-void write_checkpoint_bytes(const std::string& path, const std::string& payload) {
+std::string checkpoint_file_bytes(const std::string& payload) {
   std::string file;
   file.reserve(kCheckpointHeaderSize + payload.size());
   file.append(kCheckpointMagic, sizeof(kCheckpointMagic));
@@ -103,7 +58,11 @@ void write_checkpoint_bytes(const std::string& path, const std::string& payload)
   put_u32(file, crc32_of(payload.data(), payload.size()));
   put_u32(file, crc32_of(file.data(), file.size()));
   file += payload;
-  write_file_atomic(path, file);
+  return file;
+}
+
+void write_checkpoint_bytes(const std::string& path, const std::string& payload) {
+  write_file_atomic(path, checkpoint_file_bytes(payload));
 }
 
 std::string read_checkpoint_bytes(const std::string& path) {
@@ -146,7 +105,7 @@ void load_checkpoint(torch::serialize::InputArchive& archive, const std::string&
     archive.load_from(payload.data(), payload.size());
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "checkpoint '", path, "' passed its checksum but LibTorch cannot read the archive inside (",
-                e.what(), "); it was not written by this version of ampp/LibTorch");
+                first_line(e), "); it was not written by this version of ampp/LibTorch");
   }
 }
 
@@ -187,6 +146,7 @@ void write_position(const RunPosition& position, torch::serialize::OutputArchive
   archive.write("skipped_total", c10::IValue(position.skipped_total));
   archive.write("elapsed", c10::IValue(position.elapsed));
   archive.write("epoch_sums", c10::IValue(std::vector<double>{sums.loss_sum, sums.correct, sums.seen}));
+  archive.write("last_train_loss", c10::IValue(position.last_train_loss));
   archive.write("rng_cpu", get_rng_state(), /*is_buffer=*/true);
 }
 
@@ -207,12 +167,14 @@ RunPosition read_position(torch::serialize::InputArchive& archive) {
   const auto sums = read_value(archive, "epoch_sums").toDoubleVector();
   TORCH_CHECK(sums.size() == 3, "checkpoint: epoch_sums has ", sums.size(), " entries, expected 3");
   position.epoch_sums = {sums[0], sums[1], sums[2]};
+  c10::IValue last_train_loss;  // absent in checkpoints written before it was added
+  if (archive.try_read("last_train_loss", last_train_loss)) position.last_train_loss = last_train_loss.toDouble();
   return position;
 }
 
 }  // namespace
 
-void save_training_checkpoint(const std::string& path, const TrainingObjects& objects, const RunPosition& position) {
+std::string training_checkpoint_bytes(const TrainingObjects& objects, const RunPosition& position) {
   torch::serialize::OutputArchive file, model, optimizer, amp, sampler, trainer;
   objects.model.save(model);
   objects.optimizer.save(optimizer);
@@ -224,18 +186,38 @@ void save_training_checkpoint(const std::string& path, const TrainingObjects& ob
   file.write("amp", amp);
   file.write("sampler", sampler);
   file.write("trainer", trainer);
-  save_checkpoint(file, path);
+  std::ostringstream payload;
+  file.save_to(payload);
+  return checkpoint_file_bytes(payload.str());
 }
 
-TrainingCheckpoint::TrainingCheckpoint(const std::string& path) {
+void save_training_checkpoint(const std::string& path, const TrainingObjects& objects, const RunPosition& position) {
+  write_file_atomic(path, training_checkpoint_bytes(objects, position));
+}
+
+TrainingCheckpoint::TrainingCheckpoint(const std::string& path) : path_(path) {
   load_checkpoint(archive_, path);
-  torch::serialize::InputArchive trainer;
-  archive_.read("trainer", trainer);
-  position_ = read_position(trainer);
-  trainer.read("rng_cpu", rng_state_);
+  try {
+    torch::serialize::InputArchive trainer;
+    archive_.read("trainer", trainer);
+    position_ = read_position(trainer);
+    trainer.read("rng_cpu", rng_state_);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' is not a training checkpoint of this ampp (", first_line(e),
+                "); delete it to start afresh, or point TrainOptions::checkpoint_dir at another one");
+  }
 }
 
 void TrainingCheckpoint::restore(const TrainingObjects& objects) {
+  try {
+    restore_objects(objects);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "checkpoint '", path_, "' does not fit this run's model, optimizer or loss scaler (",
+                first_line(e), "); resume with the options that wrote it");
+  }
+}
+
+void TrainingCheckpoint::restore_objects(const TrainingObjects& objects) {
   torch::serialize::InputArchive model, amp, optimizer, sampler;
   archive_.read("model", model);
   objects.model.load(model);

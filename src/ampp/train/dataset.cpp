@@ -108,7 +108,25 @@ torch::Tensor read_idx(const std::string& path) {
   return out;
 }
 
-DatasetPair load_mnist_folder(const std::string& dir) {
+// The number of classes: `declared` when > 0 (every label must be below it), else max label + 1,
+// refused when some class below the largest label has no training image: a stray label (200 in
+// a 10-class set) would otherwise train a 201-class model without a word.
+int64_t count_classes(const DatasetPair& pair, const std::string& dir, int64_t declared) {
+  const int64_t largest = std::max(pair.train.labels.max().item<int64_t>(), pair.test.labels.max().item<int64_t>());
+  if (declared > 0) {
+    TORCH_CHECK(largest < declared, "dataset '", dir, "' has label ", largest, " but TrainOptions::num_classes is ",
+                declared, "; labels must be 0..", declared - 1);
+    return std::max<int64_t>(declared, 2);
+  }
+  const auto counts = at::bincount(pair.train.labels, /*weights=*/{}, largest + 1);
+  const int64_t empty = counts.eq(0).sum().item<int64_t>();
+  TORCH_CHECK(empty == 0, "dataset '", dir, "' has labels up to ", largest, ", but ", empty, " of the classes 0..",
+              largest, " have no training image (the first: ", counts.eq(0).nonzero()[0].item<int64_t>(),
+              "); a stray label? Set TrainOptions::num_classes to the real number of classes to train anyway");
+  return std::max<int64_t>(largest + 1, 2);
+}
+
+DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes) {
   TORCH_CHECK(fs::is_directory(dir), "dataset folder '", dir, "' does not exist (or is not a folder)");
   DatasetPair pair;
   std::vector<std::string> paths;
@@ -128,8 +146,7 @@ DatasetPair load_mnist_folder(const std::string& dir) {
   TORCH_CHECK(pair.train.images.sizes().slice(1) == pair.test.images.sizes().slice(1), "training images are ",
               pair.train.images.sizes(), " but test images are ", pair.test.images.sizes(), " in '", dir,
               "'; both splits must have the same image size");
-  const int64_t classes = std::max(pair.train.labels.max().item<int64_t>(), pair.test.labels.max().item<int64_t>()) + 1;
-  pair.train.num_classes = pair.test.num_classes = std::max<int64_t>(classes, 2);
+  pair.train.num_classes = pair.test.num_classes = count_classes(pair, dir, num_classes);
   normalise(pair);
   pair.description = fmt::format("{} ({} train, {} test images of {}x{})", dir, pair.train.size(), pair.test.size(),
                                  pair.train.images.size(2), pair.train.images.size(3));
@@ -158,18 +175,19 @@ DatasetPair make_synthetic(const SyntheticOptions& o) {
   return pair;
 }
 
-DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed) {
+DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed, int64_t num_classes) {
   if (spec.empty() || spec == "fashion-mnist") {
     TORCH_CHECK(fs::is_directory(kFashionMnistDir), "Fashion-MNIST not found in ", kFashionMnistDir,
                 ": install it with `sudo apt install dataset-fashion-mnist`, or set TrainOptions::data to an "
                 "MNIST-format folder or to synthetic");
-    auto pair = load_mnist_folder(kFashionMnistDir);
+    auto pair = load_mnist_folder(kFashionMnistDir, num_classes);
     pair.description = "fashion-mnist " + pair.description;
     return pair;
   }
   if (spec == "synthetic" || spec.rfind("synthetic:", 0) == 0) {
     SyntheticOptions o;
     o.seed(synthetic_seed);
+    if (num_classes > 0) o.num_classes(num_classes);
     if (spec.size() > 10) {
       const auto size = parse_int(std::string_view(spec).substr(10));
       TORCH_CHECK(size && *size > 0, "TrainOptions::data '", spec,
@@ -178,7 +196,7 @@ DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed) {
     }
     return make_synthetic(o);
   }
-  return load_mnist_folder(spec);
+  return load_mnist_folder(spec, num_classes);
 }
 
 }  // namespace ampp::train

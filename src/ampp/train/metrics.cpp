@@ -1,12 +1,15 @@
 #include <ampp/train/metrics.h>
+#include <ampp/util/atomic_file.h>
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -62,6 +65,27 @@ nlohmann::json to_json(const Summary& s) {
           {"compute", s.compute}};
 }
 
+Summary summary_from_json(const nlohmann::json& j) {
+  TORCH_CHECK(j.value("type", "") == "summary", "not a summary record: ", j.dump());
+  Summary s;
+  s.model = j.at("model").get<std::string>();
+  s.data = j.at("data").get<std::string>();
+  s.precision = j.at("precision").get<std::string>();
+  s.compute = j.value("compute", "");
+  s.world_size = j.at("world_size").get<int>();
+  s.epochs = j.at("epochs").get<int64_t>();
+  s.steps = j.at("steps").get<int64_t>();
+  s.skipped_steps = j.at("skipped_steps").get<int64_t>();
+  s.test_accuracy = j.at("test_accuracy").get<double>();
+  s.test_loss = j.at("test_loss").get<double>();
+  s.train_loss = j.at("train_loss").get<double>();
+  s.seconds = j.at("seconds").get<double>();
+  s.images_per_sec = j.at("images_per_sec").get<double>();
+  s.final_scale = j.at("final_loss_scale").get<double>();
+  s.peak_rss_mb = j.at("peak_rss_mb").get<double>();
+  return s;
+}
+
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
@@ -70,8 +94,12 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
 }
 
 void MetricsWriter::write_line(const nlohmann::json& j) {
+  errno = 0;
   out_ << j.dump() << '\n';
   out_.flush();
+  // A full disk must stop the run, not cut the log off silently.
+  TORCH_CHECK(out_.good(), "writing '", path_, "' failed: ", errno != 0 ? std::strerror(errno) : "stream error",
+              "; free disk space or choose another TrainOptions::out");
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
@@ -201,6 +229,32 @@ std::string shell_quoted(const std::string& s) {
   return out + "'";
 }
 
+// epochs.dat, steps.dat and skipped.dat for gnuplot; returns the number of skipped steps.
+int64_t write_plot_data(const fs::path& data, const std::map<int64_t, nlohmann::json>& steps,
+                        const std::map<int64_t, nlohmann::json>& epochs) {
+  {
+    std::ostringstream f;
+    f << "# epoch train_loss test_loss train_accuracy test_accuracy\n";
+    for (const auto& [e, j] : epochs)
+      f << e + 1 << ' ' << j["train_loss"] << ' ' << j["test_loss"] << ' ' << j["train_accuracy"] << ' '
+        << j["test_accuracy"] << '\n';
+    write_file_atomic((data / "epochs.dat").string(), f.str());
+  }
+  int64_t n_skipped = 0;
+  {
+    std::ostringstream f, s;
+    f << "# step loss_scale images_per_sec loss\n";
+    s << "# step loss_scale (after the backoff)\n";
+    for (const auto& [step, j] : steps) {
+      f << step << ' ' << j["loss_scale"] << ' ' << j["images_per_sec"] << ' ' << j["loss"] << '\n';
+      if (j.value("skipped", false)) s << step << ' ' << j["loss_scale"] << '\n', ++n_skipped;
+    }
+    write_file_atomic((data / "steps.dat").string(), f.str());
+    write_file_atomic((data / "skipped.dat").string(), s.str());
+  }
+  return n_skipped;
+}
+
 }  // namespace
 
 std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std::string& out_dir) {
@@ -214,24 +268,7 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
   }
   TORCH_CHECK(!steps.empty() || !epochs.empty(), "no step or epoch records in '", metrics_jsonl, "' to plot");
   const fs::path data = fs::path(out_dir) / "plot_data";
-  fs::create_directories(data);
-  {
-    std::ofstream f(data / "epochs.dat");
-    f << "# epoch train_loss test_loss train_accuracy test_accuracy\n";
-    for (auto& [e, j] : epochs)
-      f << e + 1 << ' ' << j["train_loss"] << ' ' << j["test_loss"] << ' ' << j["train_accuracy"] << ' '
-        << j["test_accuracy"] << '\n';
-  }
-  int64_t n_skipped = 0;
-  {
-    std::ofstream f(data / "steps.dat"), s(data / "skipped.dat");
-    f << "# step loss_scale images_per_sec loss\n";
-    s << "# step loss_scale (after the backoff)\n";
-    for (auto& [step, j] : steps) {
-      f << step << ' ' << j["loss_scale"] << ' ' << j["images_per_sec"] << ' ' << j["loss"] << '\n';
-      if (j.value("skipped", false)) s << step << ' ' << j["loss_scale"] << '\n', ++n_skipped;
-    }
-  }
+  const int64_t n_skipped = write_plot_data(data, steps, epochs);
   const std::string d = data.string() + "/";
   const fs::path png_la = fs::path(out_dir) / "loss_accuracy.png";
   const fs::path png_sc = fs::path(out_dir) / "loss_scale.png";
@@ -241,7 +278,7 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
      << "set grid\nset key inside box opaque\nset autoscale xfix\n";
   std::vector<std::string> written;
   if (!epochs.empty()) {
-    gp << "set output " << quoted(png_la.string()) << "\n"
+    gp << "set output " << quoted(png_la.string() + ".tmp") << "\n"
        << "set multiplot layout 1,2 title 'ampp train: loss and accuracy by epoch'\n"
        << "set xlabel 'epoch'\nset ylabel 'cross-entropy loss'\nset xtics 1\nset offsets graph 0.03, graph 0.03, graph "
           "0.1, graph 0.1\nset key top right\n"
@@ -254,7 +291,7 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
     written.push_back(png_la.string());
   }
   if (!steps.empty()) {
-    gp << "set output " << quoted(png_sc.string()) << "\n"
+    gp << "set output " << quoted(png_sc.string() + ".tmp") << "\n"
        << "set title 'loss scale over steps (" << n_skipped << " skipped steps marked)'\n"
        << "set xlabel 'step'\nset ylabel 'loss scale'\nset logscale y 2\nset format y '2^{%L}'\nset key top right\n"
        << "set offsets graph 0.01, 0, graph 0.1, graph 0.1\n"
@@ -264,14 +301,14 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
                      " using 1:2 with points pt 6 ps 1.5 lc rgb 'red' title 'skipped step (inf/NaN gradients)'"
                : "")
        << "\nunset logscale y\nset format y '%g'\nset offsets 0, 0, 0, 0\nset key bottom right\n"
-       << "set output " << quoted(png_tp.string()) << "\n"
+       << "set output " << quoted(png_tp.string() + ".tmp") << "\n"
        << "set title 'throughput over steps'\nset ylabel 'images / s (all workers)'\nset yrange [0:*]\n"
        << "plot " << quoted(d + "steps.dat") << " using 1:3 with lines lw 1.5 title 'images/s'\n";
     written.push_back(png_sc.string());
     written.push_back(png_tp.string());
   }
   const fs::path script = data / "plots.gp";
-  std::ofstream(script) << gp.str();
+  write_file_atomic(script.string(), gp.str());
   const fs::path err = data / "gnuplot.err";
   const int rc =
       std::system(fmt::format("gnuplot {} 2> {}", shell_quoted(script.string()), shell_quoted(err.string())).c_str());
@@ -280,6 +317,7 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
   TORCH_CHECK(rc == 0, "gnuplot failed (exit status ", rc, ")",
               rc == 127 * 256 ? ": gnuplot is not installed; `sudo apt install gnuplot-nox`" : "",
               err_text.empty() ? "" : ": " + err_text, " (script: ", script.string(), ")");
+  for (const auto& png : written) commit_file(png + ".tmp", png);  // gnuplot wrote the .tmp names
   return written;
 }
 

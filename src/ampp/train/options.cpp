@@ -18,6 +18,8 @@ void validate_model_and_precision(const TrainOptions& o) {
   const auto& names = model_names();
   TORCH_CHECK(std::find(names.begin(), names.end(), o.model()) != names.end(), "TrainOptions::model '", o.model(),
               "' is unknown; choose one of: mlp, cnn, resnet");
+  TORCH_CHECK(o.num_classes() == 0 || (o.num_classes() >= 2 && o.num_classes() <= 100000),
+              "TrainOptions::num_classes must be 0 (from the data) or 2 to 100000, got ", o.num_classes());
   TORCH_CHECK(o.dtype() == c10::kHalf || o.dtype() == c10::kBFloat16, "TrainOptions::dtype must be bf16 or fp16, got ",
               c10::toString(o.dtype()));
 }
@@ -33,6 +35,9 @@ void validate_optimization(const TrainOptions& o) {
   TORCH_CHECK(o.lr_step() >= 0, "TrainOptions::lr_step must be 0 (constant lr) or a positive number of epochs, got ",
               o.lr_step());
   TORCH_CHECK(o.lr_gamma() > 0 && o.lr_gamma() <= 1, "TrainOptions::lr_gamma must be in (0, 1], got ", o.lr_gamma());
+  TORCH_CHECK(o.max_consecutive_skips() >= 0,
+              "TrainOptions::max_consecutive_skips must be 0 (never stop) or a positive number of steps, got ",
+              o.max_consecutive_skips());
   TORCH_CHECK(o.clip_grad_norm() >= 0 && std::isfinite(o.clip_grad_norm()),
               "TrainOptions::clip_grad_norm must be 0 (off) or a positive max norm, got ", o.clip_grad_norm());
 }
@@ -40,6 +45,8 @@ void validate_optimization(const TrainOptions& o) {
 void validate_run_and_outputs(const TrainOptions& o) {
   TORCH_CHECK(o.threads() >= 0 && o.threads() <= 1024,
               "TrainOptions::threads must be 0 (automatic) or a positive count, got ", o.threads());
+  TORCH_CHECK(o.timeout() >= 1 && o.timeout() <= 1e7, "TrainOptions::timeout must be at least 1 second, got ",
+              o.timeout());
   TORCH_CHECK(o.checkpoint_every() >= 0,
               "TrainOptions::checkpoint_every must be 0 (every epoch only) or a positive number of steps");
   TORCH_CHECK(!(o.checkpoint_every() > 0 && o.checkpoint_dir().empty()),

@@ -2,8 +2,10 @@
 // amp, sampler), resume, run the epochs (steps, evaluation, checkpoints), write the outputs.
 #include <ampp/amp/initialize.h>
 #include <ampp/dist/ddp.h>
+#include <ampp/dist/heartbeat.h>
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>
+#include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/batches.h>
@@ -11,18 +13,27 @@
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
 #include <ampp/train/trainer.h>
+#include <ampp/util/atomic_file.h>
+#include <ampp/util/folder_lock.h>
 #include <ampp/util/parse_number.h>
 #include <ampp/util/threads.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/optim/schedulers/step_lr.h>
+#include <unistd.h>
+
+#include "buffer_guard.h"
+#include "fault_injection.h"
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
+#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -66,7 +77,10 @@ struct Workers {
 
 Workers set_up_workers(const TrainOptions& o) {
   Workers w;
-  if (env_int("WORLD_SIZE", 1) > 1) w.pg = dist::is_initialized() ? dist::default_group() : dist::init_process_group();
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout() * 1000));
+  if (env_int("WORLD_SIZE", 1) > 1)
+    w.pg =
+        dist::is_initialized() ? dist::default_group() : dist::init_process_group(dist::InitOptions().timeout(timeout));
   w.rank = w.pg ? w.pg.rank() : 0;
   w.world = w.pg ? w.pg.size() : 1;
   const int local_world = w.pg ? w.pg.local_size() : 1;
@@ -76,6 +90,34 @@ Workers set_up_workers(const TrainOptions& o) {
   if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   w.restarted = env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0;
   return w;
+}
+
+// Runs `leader_work` on rank 0 only; every rank then learns whether it succeeded, so a failure
+// there is an error on every rank instead of a hang in the next collective.
+void on_leader_agreed(const Workers& w, const std::function<void()>& leader_work) {
+  std::exception_ptr failure;
+  if (w.leader()) {
+    try {
+      leader_work();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  auto failed = torch::tensor({failure ? 1.0 : 0.0}, torch::kFloat64);
+  allreduce_sum(w.pg, failed);
+  if (failure) std::rethrow_exception(failure);
+  TORCH_CHECK(failed.item<double>() == 0, "rank 0 could not start the run (its error says why)");
+}
+
+// Before any work: the output folders are usable, and no other run writes into `out`.
+std::unique_ptr<FolderLock> claim_outputs(const TrainOptions& o, const Workers& w) {
+  std::unique_ptr<FolderLock> lock;
+  on_leader_agreed(w, [&] {
+    check_writable_folder(o.out(), "TrainOptions::out");
+    if (!o.checkpoint_dir().empty()) check_writable_folder(o.checkpoint_dir(), "TrainOptions::checkpoint_dir");
+    lock = std::make_unique<FolderLock>(o.out(), "TrainOptions::out");
+  });
+  return lock;
 }
 
 // The opt level's Properties with this run's dtype and loss scale.
@@ -107,13 +149,14 @@ struct Run {
   Run(const TrainOptions& options, Workers workers_in)
       : o(options),
         workers(std::move(workers_in)),
-        data(load_dataset(o.data(), o.seed())),
+        data(load_dataset(o.data(), o.seed(), o.num_classes())),
         per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
         model_options(model_options_for(data.train)),
         model(seeded_model(o, model_options)),
         optimizer(model->parameters(),
                   torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay())),
         amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
+        buffer_guard(*model),  // after initialize(), which may cast the buffers
         sampler(static_cast<size_t>(data.train.size()),
                 dist::DistributedSamplerOptions().num_replicas(workers.world).rank(workers.rank).seed(o.seed())),
         checkpoint(o.checkpoint_dir().empty() ? "" : checkpoint_path(o)) {
@@ -138,6 +181,7 @@ struct Run {
   std::shared_ptr<ClassifierImpl> model;
   torch::optim::SGD optimizer;
   Amp amp;
+  detail::BufferGuard buffer_guard;
   dist::DistributedSampler sampler;
   std::optional<torch::optim::StepLR> scheduler;
   std::optional<Ddp> ddp;
@@ -147,18 +191,32 @@ struct Run {
   bool resumed = false;
   std::optional<MetricsWriter> metrics;
   Clock::time_point started = Clock::now();  // reset when training starts (after resume and DDP)
-  int64_t kill_at_step = -1;                 // see AMPP_TRAIN_TEST_KILL_AT_STEP in train()
+  detail::FaultInjection faults;             // testing aids (fault_injection.h), off in normal use
+  int64_t saves = 0;                         // checkpoints written by this process
   int64_t epochs_done = 0;
   double last_train_loss = 0;
   Evaluation last_eval;
+  // For the divergence check: skipped steps in a row, the last finite loss and where it was.
+  int64_t skips_in_a_row = 0;
+  double last_finite_loss = std::numeric_limits<double>::quiet_NaN();
+  int64_t last_finite_loss_step = 0;
 };
 
 // ---- small helpers ----
 
-std::string fingerprint(const TrainOptions& o, int world) {
-  return fmt::format("model={} data={} opt_level={} dtype={} batch_size={} world_size={} seed={}", o.model(),
-                     o.data().empty() ? "fashion-mnist" : o.data(), to_string(o.opt_level()), c10::toString(o.dtype()),
-                     o.batch_size(), world, o.seed());
+// The run's identity in its checkpoint. The loss scale is part of it (a different one on resume would
+// be silently replaced by the checkpoint's); checkpoints written before it was added omit it.
+std::string fingerprint(const TrainOptions& o, int world, bool with_loss_scale = true) {
+  std::string f = fmt::format("model={} data={} opt_level={} dtype={} batch_size={} world_size={} seed={}", o.model(),
+                              o.data().empty() ? "fashion-mnist" : o.data(), to_string(o.opt_level()),
+                              c10::toString(o.dtype()), o.batch_size(), world, o.seed());
+  if (with_loss_scale) f += " loss_scale=" + amp_properties(o).loss_scale().to_string();
+  return f;
+}
+
+bool same_run(const std::string& saved, const TrainOptions& o, int world) {
+  const bool has_loss_scale = saved.find(" loss_scale=") != std::string::npos;
+  return saved == fingerprint(o, world, has_loss_scale);
 }
 
 std::string precision_label(const TrainOptions& o, const Amp& amp) {
@@ -199,7 +257,7 @@ void resume(Run& run) {
   }
   TrainingCheckpoint saved(run.checkpoint);
   const std::string expected = fingerprint(run.o, run.workers.world);
-  TORCH_CHECK(saved.position().fingerprint == expected, "checkpoint '", run.checkpoint,
+  TORCH_CHECK(same_run(saved.position().fingerprint, run.o, run.workers.world), "checkpoint '", run.checkpoint,
               "' belongs to a different run (", saved.position().fingerprint, ") than this one (", expected,
               "); use the same options to resume, or another TrainOptions::checkpoint_dir to start afresh");
   // StepLR keeps its count privately: replay the finished epochs, then the saved optimizer state
@@ -212,6 +270,17 @@ void resume(Run& run) {
   run.resumed = true;
   run.say(fmt::format("resumed from {}: epoch {}, batch {}, step {}", run.checkpoint, run.position.epoch + 1,
                       run.position.batch, run.position.global_step));
+}
+
+// Testing aid: what a kill in the middle of a checkpoint write leaves (half a temporary file).
+[[noreturn]] void die_halfway_through_save(Run& run, const RunPosition& now) {
+  const std::string bytes = training_checkpoint_bytes(run.objects(), now);
+  std::fprintf(stderr, "ampp train: test fault: rank %d killed halfway through the checkpoint of step %lld\n",
+               run.workers.rank, static_cast<long long>(now.global_step));
+  std::ofstream(temporary_path_for(run.checkpoint), std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  std::raise(SIGKILL);
+  std::abort();  // not reached
 }
 
 // Running sums become global totals held by rank 0, so any world size resumes them exactly.
@@ -227,7 +296,10 @@ void save(Run& run, int64_t epoch, int64_t batch) {
   now.skipped_total = run.position.skipped_total;
   now.elapsed = run.elapsed();
   now.epoch_sums = run.sums;
+  now.last_train_loss = run.last_train_loss;
+  if (++run.saves == run.faults.kill_in_save) die_halfway_through_save(run, now);
   save_training_checkpoint(run.checkpoint, run.objects(), now);
+  dist::report_progress(run.position.global_step);
 }
 
 // ---- one epoch ----
@@ -242,6 +314,7 @@ Evaluation evaluate(Run& run) {
   const int64_t begin = n * run.workers.rank / run.workers.world, end = n * (run.workers.rank + 1) / run.workers.world;
   double loss_sum = 0, correct = 0;
   for (int64_t i = begin; i < end; i += batch) {
+    dist::report_progress(run.position.global_step);  // alive, for the launcher's stall watch
     const int64_t j = std::min(end, i + batch);
     auto x = test.images.slice(0, i, j);
     auto y = test.labels.slice(0, i, j);
@@ -282,22 +355,46 @@ struct StepResult {
   bool stepped = false;  // false: skipped after an overflow
 };
 
+std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+// Testing aid: an inf loss on this rank at the steps AMPP_TRAIN_TEST_INF_AT names.
+torch::Tensor maybe_inject_inf(const Run& run, const torch::Tensor& loss) {
+  const int64_t step = run.position.global_step + 1;
+  if (run.faults.inf_steps.count(step) == 0) return loss;
+  std::fprintf(stderr, "ampp train: test fault: rank %d: inf loss injected at step %lld\n", run.workers.rank,
+               static_cast<long long>(step));
+  return loss * std::numeric_limits<float>::infinity();
+}
+
 StepResult train_step(Run& run, const Batch& batch) {
   Amp& amp = run.amp;
   amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/handle.h)
+  run.buffer_guard.save();
   torch::Tensor logits = run.ddp ? amp.forward(*run.ddp, batch.data) : amp.forward(run.model, batch.data);
   logits = logits.to(torch::kFloat32);
   auto loss = torch::nn::functional::cross_entropy(logits, batch.target);
-  amp.scale_loss(loss).backward();
-  if (run.o.clip_grad_norm() > 0) torch::nn::utils::clip_grad_norm_(amp.master_params(), run.o.clip_grad_norm());
-  const bool stepped = amp.step();
+  amp.scale_loss(maybe_inject_inf(run, loss)).backward();
+  // Without a loss scaler nothing has checked the gradients, and one inf/NaN would reach every
+  // weight: skip the step as the scaler would (check_divergence counts it). With DDP the gradients
+  // are already averaged, so every rank decides alike.
+  const bool may_step = amp.checks_overflow() || !numerics::has_non_finite(gradients_of(amp.master_params()));
+  if (may_step && run.o.clip_grad_norm() > 0)
+    torch::nn::utils::clip_grad_norm_(amp.master_params(), run.o.clip_grad_norm());
+  const bool stepped = may_step && amp.step();
+  run.buffer_guard.restore_if_non_finite();  // also after a taken step: x*x can overflow while x did not
   return {logits, loss.item<double>(), stepped};
 }
 
 void count_step(Run& run, const StepResult& step, const Batch& batch) {
   ++run.position.global_step;
   if (!step.stepped) ++run.position.skipped_total;
-  if (run.position.global_step == run.kill_at_step) std::raise(SIGKILL);  // fault injection for the recovery test
+  if (run.position.global_step == run.faults.kill_at_step) std::raise(SIGKILL);
+  if (run.position.global_step == run.faults.stop_at_step) std::raise(SIGSTOP);
   const auto images = batch.target.size(0);
   run.sums.loss_sum += step.loss * images;
   run.sums.correct += step.logits.argmax(1).eq(batch.target).sum().item<double>();
@@ -318,6 +415,49 @@ void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per
   run.metrics->write(r);
 }
 
+// What to try, from what the run was doing when its gradients stayed non-finite.
+std::string divergence_hint(const Run& run) {
+  const LossScale& scale = run.amp.properties().loss_scale();
+  const std::string lr = fmt::format("TrainOptions::lr ({:g})", run.o.lr());
+  if (run.amp.checks_overflow() && !scale.is_dynamic() && scale.value() > 1)
+    return fmt::format(
+        "the static loss scale {:g} may overflow the {} gradients: use TrainOptions::loss_scale "
+        "dynamic or a smaller value; or lower {}",
+        scale.value(), low_precision_dtype_name(run.o.dtype()), lr);
+  if (run.amp.checks_overflow() && scale.is_dynamic())
+    return fmt::format(
+        "the dynamic loss scale backed off to {:g}, so this is not a loss-scale overflow; lower {} "
+        "(or check the data){}",
+        run.amp.loss_scale(), lr,
+        run.o.dtype() == c10::kHalf ? ", or try TrainOptions::dtype bf16 (fp32's range)" : "");
+  return "lower " + lr + " (or check the data)";
+}
+
+// Ends the run with an error once max_consecutive_skips steps in a row had non-finite gradients:
+// a diverged run must not end "successfully" with a useless model. The skip decision is the same
+// on every rank (global overflow flag, averaged gradients), so every rank stops at the same step.
+void check_divergence(Run& run, const StepResult& step) {
+  if (std::isfinite(step.loss)) {
+    run.last_finite_loss = step.loss;
+    run.last_finite_loss_step = run.position.global_step;
+  }
+  run.skips_in_a_row = step.stepped ? 0 : run.skips_in_a_row + 1;
+  const int64_t limit = run.o.max_consecutive_skips();
+  if (limit == 0 || run.skips_in_a_row < limit) return;
+  const int64_t last = run.position.global_step, first = last - run.skips_in_a_row + 1;
+  const std::string loss =
+      std::isnan(run.last_finite_loss)
+          ? std::string("no step of this process had a finite loss")
+          : fmt::format("the last finite loss was {:.6g} at step {}", run.last_finite_loss, run.last_finite_loss_step);
+  const std::string message = fmt::format(
+      "the run diverged: steps {} to {} ({} in a row, TrainOptions::max_consecutive_skips) had inf/NaN gradients and "
+      "were skipped (no step was taken on them); {}. Likely fix: {}. model.pt was not written",
+      first, last, run.skips_in_a_row, loss, divergence_hint(run));
+  if (run.metrics)
+    run.metrics->write_line({{"type", "error"}, {"cause", "diverged"}, {"step", last}, {"message", message}});
+  TORCH_CHECK(false, message);
+}
+
 // The epoch's steps, until its end or TrainOptions::steps; checkpoints every checkpoint_every steps
 // and where the step limit stops it mid-epoch.
 void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar* bar) {
@@ -327,6 +467,7 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
   while (auto batch = batches.next()) {
     const StepResult step = train_step(run, *batch);
     count_step(run, step, *batch);
+    dist::report_progress(run.position.global_step);
     ++meter.steps;
     const bool epoch_end = batches.position() == batches.num_batches();
     const bool log_now = !step.stepped || run.position.global_step % o.log_every() == 0 || epoch_end;
@@ -335,6 +476,7 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
     if (bar)
       bar->update(batches.position(), meter.images_per_sec, step.loss, run.amp.loss_scale(),
                   run.position.skipped_total);
+    check_divergence(run, step);
     const bool stop = reached_step_limit(run);
     const bool periodic = o.checkpoint_every() > 0 && run.position.global_step % o.checkpoint_every() == 0;
     if (!run.checkpoint.empty() && !epoch_end && (stop || periodic)) save(run, epoch, batches.position());
@@ -420,7 +562,9 @@ void save_fp32_model(ClassifierImpl& model, const Run& run, const std::string& p
   for (auto& item : dst_buffers) item.value().copy_(src_buffers[item.key()]);
   torch::serialize::OutputArchive archive;
   copy->save(archive);
-  archive.save_to(path);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  write_file_atomic(path, bytes.str());  // a full disk leaves the previous model.pt, not a truncated one
 }
 
 Summary summarize(const Run& run) {
@@ -443,13 +587,14 @@ Summary summarize(const Run& run) {
   return s;
 }
 
-// Rank 0: the summary line and file, model.pt, the summary table and the plots.
+// Rank 0: model.pt, the summary line and file, the summary table and the plots. Every file is
+// written atomically, summary.json last: its presence means the outputs are complete.
 void write_outputs(Run& run, const Summary& summary) {
   if (!run.workers.leader()) return;
   const fs::path out(run.o.out());
-  run.metrics->write_line(to_json(summary));
-  std::ofstream(out / "summary.json") << to_json(summary).dump(2) << "\n";
   save_fp32_model(*run.model, run, (out / "model.pt").string());
+  run.metrics->write_line(to_json(summary));
+  write_file_atomic((out / "summary.json").string(), to_json(summary).dump(2) + "\n");
   if (run.o.progress()) std::printf("\n%s", summary_table(summary).c_str());
   if (run.o.plots()) {
     try {
@@ -462,21 +607,63 @@ void write_outputs(Run& run, const Summary& summary) {
   run.say(fmt::format("metrics: {}", run.metrics->path()));
 }
 
+// ---- a finished run, resumed ----
+
+bool nothing_left(const Run& run) { return reached_step_limit(run) || run.position.epoch >= run.o.epochs(); }
+
+// The complete outputs of the finished run in the checkpoint, if `out` holds them.
+std::optional<Summary> stored_summary(const Run& run) {
+  const fs::path path = fs::path(run.o.out()) / "summary.json";
+  if (!fs::exists(path)) return std::nullopt;
+  std::ifstream in(path);
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || j.value("type", "") != "summary" || j.value("steps", int64_t{-1}) != run.position.global_step)
+    return std::nullopt;
+  return summary_from_json(j);
+}
+
+// Resuming a run that already finished changes nothing: its stored summary is the result. When
+// its outputs are missing (a worker died between the last checkpoint and summary.json), they are
+// rebuilt from the checkpoint: the same model, a deterministic evaluation, the stored train loss.
+Summary finish_finished_run(Run& run) {
+  std::optional<Summary> stored;
+  on_leader_agreed(run.workers, [&] { stored = stored_summary(run); });
+  auto found = torch::tensor({stored ? 1.0 : 0.0}, torch::kFloat64);
+  allreduce_sum(run.workers.pg, found);
+  // Every rank computes the final numbers (collectives), as the run's last epoch did.
+  run.epochs_done = run.position.epoch;
+  const EpochSums totals = global_totals(run.workers.pg, run.sums);
+  run.last_train_loss =
+      run.position.batch > 0 ? totals.loss_sum / std::max(totals.seen, 1.0) : run.position.last_train_loss;
+  run.last_eval = evaluate(run);
+  if (found.item<double>() > 0) {
+    run.say(fmt::format("the run in {} already finished (epoch {}, step {}): nothing to do; its results are in {}",
+                        run.checkpoint, run.position.epoch, run.position.global_step, run.o.out()));
+    return stored ? *stored : summarize(run);
+  }
+  run.say("the run already finished but its outputs are incomplete: writing them from the checkpoint");
+  open_outputs(run);
+  const Summary summary = summarize(run);
+  write_outputs(run, summary);
+  return summary;
+}
+
 }  // namespace
 
 Summary train(const TrainOptions& options) {
   validate(options);
   retain_freed_memory();  // no page faults on the same activation buffers every step (allocator.h)
-  Run run(options, set_up_workers(options));
+  Workers workers = set_up_workers(options);
+  const auto lock = claim_outputs(options, workers);  // before the data is loaded: fail in seconds
+  Run run(options, std::move(workers));
   resume(run);
+  if (run.resumed && nothing_left(run)) return finish_finished_run(run);
   // DDP after the resume, so its construction broadcast starts every rank from the loaded weights.
   if (run.workers.world > 1) run.ddp.emplace(run.model, run.workers.pg);
   run.started = Clock::now();
+  dist::report_progress(run.position.global_step);  // watched by the launcher from here on
   open_outputs(run);
-  // Testing aid: AMPP_TRAIN_TEST_KILL_AT_STEP=N makes the last rank SIGKILL itself after step N
-  // of the first attempt, to test recovery under `ampp run --max-restarts`.
-  if (run.workers.rank == run.workers.world - 1 && !run.workers.restarted)
-    run.kill_at_step = env_int("AMPP_TRAIN_TEST_KILL_AT_STEP", -1);
+  run.faults = detail::FaultInjection::from_environment(run.workers.rank, run.workers.world, run.workers.restarted);
   run.epochs_done = run.position.epoch;
   run.model->train();
   const bool tty = is_terminal(stdout);

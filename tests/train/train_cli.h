@@ -1,0 +1,82 @@
+#pragma once
+// Helpers for the suites that drive the built `ampp` binary (AMPP_CLI): run it, a small fast run's
+// flags, and a tensor-by-tensor comparison of two model.pt files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+namespace ampp_test {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string output;  // stdout + stderr
+};
+
+// Runs a shell command line, stdout and stderr together.
+inline Result run_shell(const std::string& command_line) {
+  std::FILE* p = ::popen((command_line + " 2>&1").c_str(), "r");
+  Result r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// Runs the built `ampp` with `args`.
+inline Result run_ampp(const std::string& args) { return run_shell(std::string(AMPP_CLI) + " " + args); }
+
+// Small, fast and deterministic: 384 synthetic images, cnn with BatchNorm, 1 thread per worker.
+inline std::string small_run(const fs::path& dir, const std::string& extra) {
+  return "train --data synthetic:384 --model cnn --batch-size 32 --deterministic --threads 1 --quiet "
+         "--no-plots --out " +
+         (dir / "out").string() + " --checkpoint-dir " + (dir / "ckpt").string() + " " + extra;
+}
+
+// Every tensor of the model.pt files (parameters and buffers of every submodule), compared bit
+// for bit in the dtype it was saved in. Reading into a fresh FP32 module would not do: under O2 the
+// file holds bf16 tensors, and a module's load() re-points its FP32 tensors at their storage.
+inline void collect_tensors(torch::serialize::InputArchive& archive, const std::string& prefix,
+                            std::map<std::string, torch::Tensor>& out) {
+  for (const auto& key : archive.keys()) {
+    c10::IValue value;
+    ASSERT_TRUE(archive.try_read(key, value)) << prefix << key;
+    if (value.isTensor()) {
+      out[prefix + key] = value.toTensor();
+    } else if (value.isObject()) {
+      torch::serialize::InputArchive child;
+      ASSERT_TRUE(archive.try_read(key, child)) << prefix << key;
+      collect_tensors(child, prefix + key + ".", out);
+    }
+  }
+}
+
+inline void expect_same_model(const fs::path& a, const fs::path& b) {
+  auto load = [](const fs::path& p) {
+    torch::serialize::InputArchive in;
+    in.load_from(p.string());
+    std::map<std::string, torch::Tensor> tensors;
+    collect_tensors(in, "", tensors);
+    return tensors;
+  };
+  const auto ta = load(a), tb = load(b);
+  ASSERT_EQ(ta.size(), tb.size());
+  ASSERT_GE(ta.size(), 14u) << "the cnn has 14 parameters and buffers at least; the file was not read fully";
+  for (const auto& [key, tensor] : ta) {
+    ASSERT_EQ(tb.count(key), 1u) << key;
+    EXPECT_EQ(tensor.scalar_type(), tb.at(key).scalar_type()) << key;
+    EXPECT_TRUE(torch::equal(tensor, tb.at(key))) << key;
+  }
+}
+
+}  // namespace ampp_test
