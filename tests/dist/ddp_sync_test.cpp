@@ -1,6 +1,9 @@
 // DDP synchronisation rules: no_sync, unused parameters, GradScaler skips, hung peers, construction errors.
 #include "dist/ddp_test_util.h"
 
+#include <cmath>
+#include <random>
+
 TEST(DDP, NoSyncAccumulatesLocallyThenSyncs) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     auto model = make_model(rank + 1);
@@ -101,6 +104,41 @@ TEST(DDP, GradScalerInfOnOneRankMakesBothSkip) {
         EXPECT_EQ(scaler.get_scale(), 32768.0);
       }
       EXPECT_TRUE(same_on_all_ranks(pg, flat_params(model->parameters())));
+    }
+  });
+}
+
+// docs/grad_scaler.md: 1000 steps with inf/NaN losses injected at random steps and ranks, for growth
+// intervals 1, 3 and 2000 (the last one backs the scale off to its 2^-126 floor and stays there).
+TEST(DDP, RandomOverflowsOnRandomRanksNeverReachTheWeights) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    for (int64_t interval : {1, 3, 2000}) {
+      SCOPED_TRACE("growth_interval " + std::to_string(interval));
+      auto model = make_model(rank + 1);
+      DistributedDataParallel ddp(model, pg);
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
+      ampp::GradScaler scaler(
+          ampp::GradScalerOptions().growth_interval(interval).at_min_scale(ampp::MinScaleAction::kIgnore));
+      std::mt19937 rng(static_cast<unsigned>(interval));  // the same draws on both ranks
+      int injected = 0;
+      for (int step = 0; step < 1000; ++step) {
+        const bool inject = rng() % 2 == 0;
+        const auto bad_rank = static_cast<int>(rng() % 2);
+        const float bad = rng() % 2 == 0 ? std::numeric_limits<float>::infinity() : std::nanf("");
+        injected += inject;
+        opt.zero_grad();
+        auto d = rank_batch(step % 8, rank);
+        auto loss = torch::mse_loss(ddp->forward(d.x), d.y);
+        if (inject && rank == bad_rank) loss = loss * bad;
+        scaler.scale(loss).backward();
+        EXPECT_EQ(scaler.step(opt), !inject) << "step " << step;
+        scaler.update();
+      }
+      const auto params = flat_params(model->parameters());
+      EXPECT_TRUE(torch::isfinite(params).all().item<bool>());
+      EXPECT_EQ(scaler.skipped_steps(), injected);
+      if (interval == 2000) EXPECT_EQ(scaler.get_scale(), ampp::kMinLossScale);
+      EXPECT_TRUE(same_on_all_ranks(pg, params));
     }
   });
 }

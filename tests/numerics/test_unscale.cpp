@@ -1,5 +1,6 @@
-// Fused unscale kernel vs a scalar reference written from the ATen op's definition (reference 1.7):
-// v = float(x); found |= !isfinite(v); x = dtype((inv == 1) ? v : v * inv).
+// Fused unscale kernel vs a scalar reference written from the ATen op's definition (reference 1.7),
+// with ampp's stricter check of what is stored (numerics/unscale.h):
+// v = float(x); x = dtype((inv == 1) ? v : v * inv); found |= !isfinite(x).
 
 #include <ampp/numerics/unscale.h>
 
@@ -28,8 +29,8 @@ bool reference_unscale_(torch::Tensor t, float inv) {
     for (int64_t i = 0; i < flat.numel(); ++i) {
       using opmath = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       const opmath v = static_cast<opmath>(p[i]);
-      found |= !std::isfinite(v);
       p[i] = static_cast<scalar_t>(inv == 1.0f ? v : v * static_cast<opmath>(inv));
+      found |= !std::isfinite(static_cast<opmath>(p[i]));
     }
   });
   t.copy_(flat);
@@ -116,6 +117,58 @@ TEST_P(UnscaleDtype, DetectsInfMinusInfNaNAtEveryPositionKind) {
         }
       }
     }
+  });
+}
+
+// A loss scale below 1 (inv_scale > 1) can turn a finite gradient into inf as it is unscaled. ATen's op
+// checks the inputs and reports nothing (PyTorch then steps on the inf); ampp checks what it stored.
+struct OverflowCase {
+  double value;  // finite in the dtype; value * inv is not
+  float inv;
+};
+
+OverflowCase overflow_case(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kHalf:
+      return {60000.0, 2.0f};  // 120000 is a finite float but above fp16's 65504
+    case torch::kBFloat16:
+      // 1.796875 * 2^127 (a bf16 value) * float(1/0.9) = 3.39695e38: a finite float that rounds to
+      // +inf in bf16 (above the midpoint between bf16's max 3.38953e38 and 2^128), so only a check of
+      // the stored bf16 value, not of the float product, sees it.
+      return {1.796875 * 0x1p127, static_cast<float>(1.0 / 0.9)};
+    case torch::kDouble:
+      return {1e308, 4.0f};
+    default:
+      return {0x1p126, 4.0f};
+  }
+}
+
+TEST_P(UnscaleDtype, FiniteValuesThatOverflowWhenUnscaledAreFound) {
+  for_each_variant([&] {
+    const auto dtype = GetParam().dtype;
+    const OverflowCase c = overflow_case(dtype);
+    for (int64_t n : {1, 17, 33, 1000, (1 << 15) + 3, 70001}) {
+      for (int64_t pos : {int64_t{0}, n / 2, n - 1}) {
+        auto t = scaled_values(n, dtype, 11);
+        t[pos] = c.value;
+        ASSERT_TRUE(std::isfinite(t[pos].item<double>()));
+        auto ref = t.clone();
+        auto found = torch::zeros({}, torch::kFloat);
+        non_finite_check_and_unscale_({t}, found, torch::full({}, c.inv));
+        EXPECT_TRUE(reference_unscale_(ref, c.inv));
+        EXPECT_TRUE(std::isinf(t[pos].item<double>())) << "n=" << n << " pos=" << pos;
+        EXPECT_EQ(found.item<float>(), 1.0f) << "n=" << n << " pos=" << pos;
+        expect_same_bits(t, ref);
+      }
+    }
+    // inv_scale > 1 with results that stay finite: nothing found, same bits as the reference.
+    auto t = scaled_values(70001, dtype, 12);
+    auto ref = t.clone();
+    auto found = torch::zeros({}, torch::kFloat);
+    non_finite_check_and_unscale_({t}, found, torch::full({}, 3.0f));
+    EXPECT_FALSE(reference_unscale_(ref, 3.0f));
+    EXPECT_EQ(found.item<float>(), 0.0f);
+    expect_same_bits(t, ref);
   });
 }
 

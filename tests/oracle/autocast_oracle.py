@@ -19,6 +19,9 @@ def targets(n, classes):
 OPS = {
     "mm": lambda a, b: torch.mm(a, b),
     "matmul": lambda a, b: torch.matmul(a, b),
+    "matmul_mv": lambda a, b: torch.matmul(a, b),
+    "matmul_dot": lambda a, b: torch.matmul(a, b),
+    "matmul_folded_mv": lambda a, b: torch.matmul(a, b),
     "addmm": lambda c, a, b: torch.addmm(c, a, b),
     "bmm": lambda a, b: torch.bmm(a, b),
     "baddbmm": lambda c, a, b: torch.baddbmm(c, a, b),

@@ -1,7 +1,8 @@
 """Oracle for ampp::GradScaler: torch.amp.GradScaler("cpu") trajectories with plain SGD.
 
 Per step: loss = sum_i sum(p_i * g_i) so that scale(loss).backward() leaves grad_i = scale * g_i,
-optional explicit unscale_, step, update; records what the C++ side compares.
+optional explicit unscale_, step, update; records what the C++ side compares. With "scale_cases":
+scale() of single outputs instead.
 """
 from oracle_common import bits_double, decode, double_bits, encode, main, torch, unsupported
 
@@ -47,4 +48,17 @@ def run_set(s):
             "state_dict_types": {k: type(v).__name__ for k, v in sd.items()}}
 
 
-main(lambda data: {"sets": [run_set(s) for s in data["sets"]]})
+def scale_case(c):
+    """scale() of one output: torch's own result, and torch's result on the output widened to float32."""
+    out = decode(c["output"])
+    scaler = torch.amp.GradScaler("cpu", init_scale=bits_double(c["init_scale"]))
+    return {"native": encode(scaler.scale(out)), "float32": encode(scaler.scale(out.float()))}
+
+
+def answer(data):
+    if "scale_cases" in data:
+        return {"scale_cases": [scale_case(c) for c in data["scale_cases"]]}
+    return {"sets": [run_set(s) for s in data["sets"]]}
+
+
+main(answer)

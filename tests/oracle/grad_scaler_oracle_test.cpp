@@ -44,8 +44,9 @@ std::vector<OptionSet> option_sets() {
       // Growth would take the scale past float32's max (2^128 -> inf): 2.1+ keeps 2^127, and so does
       // ampp built against it (numerics/torch_compat.h). An oracle of another version is skipped.
       {"growth toward float max", std::ldexp(1.0, 121), 2.0, 0.5, 1, -6, -4, 0.05},
-      // Repeated backoff into subnormal scales and 0 (1/scale overflows, 0 * inf = NaN).
-      {"backoff toward zero", 1e-20, 10.0, 0.01, 2, -3, 3, 0.4},
+      // Repeated backoff toward subnormal scales and 0, where torch's 1/scale overflows and 0 * inf =
+      // NaN reaches its weights; ampp's scale stops at 2^-126 (kMinLossScale).
+      {"backoff toward zero", 1e-30, 10.0, 0.01, 2, -3, 3, 0.4, "floor"},
   };
 }
 
@@ -111,6 +112,31 @@ void expect_grads(const std::vector<torch::Tensor>& params, const json& expected
     EXPECT_TRUE(same_bits(params[i].grad(), decode(expected.at(i)))) << what << " of parameter " << i;
 }
 
+// After torch's scale left float32's normal range: ampp goes on from 2^-126 (stopping with its error
+// when an overflow finds the scale there) and no weight of its is ever non-finite, where torch's are.
+void finish_at_the_floor(ampp::GradScaler& scaler, torch::optim::SGD& opt, std::vector<torch::Tensor>& params,
+                         const std::vector<Step>& steps, size_t first, const json& oracle) {
+  bool stopped = false;
+  for (size_t s = first; s < steps.size() && !stopped; ++s) {
+    opt.zero_grad();
+    auto loss = torch::zeros({});
+    for (size_t i = 0; i < params.size(); ++i) loss = loss + (params[i] * steps[s].grads[i]).sum();
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    try {
+      scaler.update();
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("2^-126"), std::string::npos) << e.what();
+      stopped = true;
+    }
+  }
+  for (const auto& p : params) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+  bool torch_non_finite = false;
+  for (const auto& p : oracle.at("steps").back().at("params"))
+    torch_non_finite |= !torch::isfinite(decode(p)).all().item<bool>();
+  EXPECT_TRUE(torch_non_finite) << "torch's weights stayed finite: the case no longer shows what the floor prevents";
+}
+
 // One option set: ampp's trajectory compared with the oracle's after every step; stops at the first
 // diverging step (everything after it would differ too). Returns true if the set's known difference
 // (ampp's scale +inf where torch's is finite) was reached; the steps before it must match exactly.
@@ -145,6 +171,11 @@ bool compare_set(const OptionSet& o, const std::vector<torch::Tensor>& init, con
       EXPECT_TRUE(same_bits(params[i].detach(), decode(want.at("params").at(i)))) << "parameter " << i;
     const double torch_scale = bits_double(want.at("get_scale").get<uint64_t>());
     if (!o.known_difference.empty() && std::isinf(scaler.get_scale()) && !std::isinf(torch_scale)) return true;
+    if (o.known_difference == "floor" && torch_scale < ampp::kMinLossScale) {
+      EXPECT_EQ(scaler.get_scale(), ampp::kMinLossScale);
+      finish_at_the_floor(scaler, opt, params, steps, s + 1, oracle);
+      return true;
+    }
     EXPECT_TRUE(same_bits(scaler.scale_tensor(), decode(want.at("scale_tensor")))) << "scale tensor";
     EXPECT_EQ(double_bits(scaler.get_scale()), want.at("get_scale").get<uint64_t>())
         << "get_scale(): ampp " << scaler.get_scale() << ", torch "
@@ -204,6 +235,36 @@ TEST(GradScalerOracle, TrajectoriesMatchTorchAmpGradScaler) {
   // The cases must exercise both skipped and applied steps.
   EXPECT_GT(skipped_steps, 10);
   EXPECT_LT(skipped_steps, static_cast<int>(sets.size()) * kSteps - 10);
+}
+
+// scale() of fp16/bf16 outputs: ampp returns float32 (docs/grad_scaler.md), which must be bit for bit
+// what torch computes on the output widened to float32, in the shape torch's own scale() gives.
+TEST(GradScalerOracle, ScaleOfLowPrecisionOutputs) {
+  const std::vector<torch::Tensor> outputs{
+      torch::full({3}, 1.5, torch::kHalf),  // the case: torch 2.x gives Half inf
+      torch::tensor(3.0, torch::kBFloat16),
+      torch::tensor(0.7, torch::kHalf),
+      torch::randn({2, 3}, at::detail::createCPUGenerator(5)).to(torch::kBFloat16),
+      torch::randn({4}, at::detail::createCPUGenerator(6)),  // float32: unchanged behaviour
+  };
+  const double init_scale = 65536.0;
+  json input = {{"scale_cases", json::array()}};
+  for (const auto& o : outputs)
+    input["scale_cases"].push_back({{"output", encode(o)}, {"init_scale", double_bits(init_scale)}});
+  const auto answer = ampp_oracle::run("grad_scaler_oracle.py", input);
+  if (!answer) GTEST_SKIP() << ampp_oracle::skip_message();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    SCOPED_TRACE("output " + std::to_string(i) + " (" + ampp_oracle::dtype_name(outputs[i].scalar_type()) + ")");
+    ampp::GradScaler scaler(ampp::GradScalerOptions().init_scale(init_scale));
+    const auto scaled = scaler.scale(outputs[i]);
+    const auto& want = answer->at("scale_cases").at(i);
+    EXPECT_TRUE(same_bits(scaled, decode(want.at("float32"))));
+    EXPECT_EQ(scaled.sizes(), decode(want.at("native")).sizes());
+  }
+  // The flaw ampp avoids is still torch's: if this fails, torch changed and docs/grad_scaler.md must too.
+  const auto native = decode(answer->at("scale_cases").at(0).at("native"));
+  EXPECT_EQ(native.scalar_type(), torch::kHalf);
+  EXPECT_TRUE(torch::isinf(native).all().item<bool>());
 }
 
 }  // namespace

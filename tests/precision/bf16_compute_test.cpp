@@ -69,6 +69,14 @@ TEST_F(Bf16Compute, Fp32ComputeStoresBf16Activations) {
                           torch::conv1d(torch::randn({2, 8}), torch::randn({3, 2, 3})),
                           torch::addbmm(torch::randn({4, 4}), b3, b3.transpose(1, 2))})
     EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+  // matmul shapes that decompose into mv / dot (not lowered by themselves): bf16, as PyTorch returns.
+  const auto v1 = torch::randn({5});
+  for (const auto& [out, ref] :
+       {std::pair{torch::matmul(m, v1), torch::mv(m, v1)}, std::pair{torch::matmul(v1, v1), torch::dot(v1, v1)},
+        std::pair{torch::matmul(b3, v1), torch::matmul(b3.reshape({8, 5}), v1).reshape({2, 4})}}) {
+    EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(out, ref.to(torch::kBFloat16)));  // fp32 arithmetic, one rounding at the output
+  }
   // Not a lowered op: a plain convolution call outside conv*d is left alone.
   EXPECT_EQ(at::convolution(x2, w2, {}, {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1).scalar_type(), torch::kFloat);
 }

@@ -103,8 +103,8 @@ TEST(Errors, BadOptionsAreRejectedWithTheFix) {
       {GradScalerOptions().growth_factor(1.0), "The growth factor must be > 1.0."},
       {GradScalerOptions().backoff_factor(1.0), "The backoff factor must be < 1.0."},
       {GradScalerOptions().backoff_factor(0.0), "The backoff factor must be > 0.0."},
-      {GradScalerOptions().init_scale(0.0), "The initial scale must be finite and > 0."},
-      {GradScalerOptions().init_scale(std::nan("")), "The initial scale must be finite and > 0."},
+      {GradScalerOptions().init_scale(0.0), "The initial scale must be finite and >= 2^-126"},
+      {GradScalerOptions().init_scale(std::nan("")), "The initial scale must be finite and >= 2^-126"},
       {GradScalerOptions().growth_interval(0), "The growth interval must be >= 1."},
       {GradScalerOptions().hysteresis(0), "hysteresis must be >= 1"},
       {GradScalerOptions().min_scale(-1), "min_scale must be finite and >= 0"},
@@ -127,7 +127,7 @@ TEST(Errors, UpdateWithNonPositiveNewScale) {
   GradScaler scaler;
   Tiny t;
   t.iterate(scaler, false);
-  AMPP_EXPECT_THROW_WITH(scaler.update(0.0), "new_scale must be finite and > 0");
+  AMPP_EXPECT_THROW_WITH(scaler.update(0.0), "new_scale must be finite and >= 2^-126");
 }
 
 TEST(Errors, LoadingAnEmptyOrIncompleteStateDict) {

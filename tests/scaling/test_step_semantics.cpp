@@ -6,6 +6,7 @@
 
 #include <ampp/precision/torch_compat.h>
 #include <ampp/util/optimizer_compat.h>
+#include <ampp/util/torch_version.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -267,6 +268,28 @@ TEST(Step, Bf16GradientsAreUnscaledAndChecked) {
   scaler.scale(p.sum()).backward();
   p.mutable_grad()[4].fill_(ampp_test::kNaN);
   EXPECT_FALSE(scaler.step(opt));
+}
+
+// PyTorch 2.x returns a Half inf here (its 0-dim scale does not promote); ampp scales in float32
+// (docs/grad_scaler.md). The values against Python PyTorch: GradScalerOracle.ScaleOfLowPrecisionOutputs.
+TEST(Step, LowPrecisionOutputsAreScaledInFloat32) {
+  GradScaler scaler;
+  auto out = torch::full({3}, 1.5, torch::kHalf).requires_grad_();
+  const auto scaled = scaler.scale(out);
+  EXPECT_EQ(scaled.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(scaled, torch::full({3}, 98304.0)));
+  scaled.sum().backward();
+  // The gradient comes back in the output's dtype: 65536 is above fp16's max, so it is inf, as the
+  // same fp16 gradient is on a GPU (the scaler then skips the step and backs off).
+  EXPECT_EQ(out.grad().scalar_type(), torch::kHalf);
+  EXPECT_TRUE(torch::equal(out.grad(), torch::full({3}, 65536.0).to(torch::kHalf)));
+
+  const auto loss = scaler.scale(torch::tensor(3.0, torch::kBFloat16));
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+  EXPECT_EQ(loss.item<float>(), 196608.0f);
+  // Shape as the PyTorch built against: 1.13's scale is (1,), 2.x's is 0-dim.
+  EXPECT_EQ(loss.dim(), AMPP_TORCH_AT_LEAST(2, 0) ? 0 : 1);
+  EXPECT_EQ(scaler.scale(torch::ones({2}, torch::kDouble)).scalar_type(), torch::kDouble);
 }
 
 TEST(Step, FoundInfHookSeesTheFlagAndDecidesForAllProcesses) {

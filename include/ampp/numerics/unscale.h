@@ -12,12 +12,18 @@ namespace ampp::numerics {
 
 /// For every tensor t in `scaled_grads`, in place: t = t * inv_scale (computed in fp32 for
 /// fp32/bf16/fp16, fp64 for double; skipped when inv_scale == 1), and if any element of any tensor is
-/// inf, -inf or NaN, sets found_inf to 1.0. found_inf is never written to 0: the caller zeroes it first,
-/// so one found_inf can collect several calls (exactly like the ATen op).
+/// inf, -inf or NaN after unscaling, sets found_inf to 1.0. found_inf is never written to 0: the caller
+/// zeroes it first, so one found_inf can collect several calls (exactly like the ATen op).
+///
+/// Deliberately stricter than ATen's op, which checks the values before the multiply: when inv_scale
+/// > 1 (a loss scale below 1) a finite gradient can overflow as it is unscaled, and ATen then lets
+/// the optimizer step on the inf. Here the check is on the values as stored, so found_inf == 0
+/// guarantees every unscaled element is finite. For |inv_scale| <= 1 both checks agree.
 ///
 /// found_inf, inv_scale: float32, one element, on the grads' device. Tensors: strided, one device.
 /// On CPU the tensors may mix float, double, bfloat16 and half (one parallel pass over all of them);
-/// on other devices they are grouped by dtype and handed to ATen's op.
+/// on other devices they are grouped by dtype and handed to ATen's op, followed by a check-only pass
+/// of the results (compile-guarded; no accelerator build was made here).
 void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
 
 /// True if any element of any tensor is inf/-inf/NaN (the same pass with inv_scale 1, read only).

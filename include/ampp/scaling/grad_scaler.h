@@ -17,6 +17,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -26,6 +27,13 @@
 #include <vector>
 
 namespace ampp {
+
+/// The smallest loss scale ampp uses: 2^-126, float32's smallest normal number. PyTorch lets the scale
+/// back off further, into subnormals, until 1/scale overflows (below about 2.9e-39) and finite
+/// gradients unscale to inf/NaN that its check (made before unscaling) does not see. In ampp the
+/// backoff stops here, whatever `min_scale` says; reaching it counts as reaching `min_scale`
+/// (`at_min_scale` decides what happens next). It takes ~142 consecutive backoffs from 2^16.
+constexpr double kMinLossScale = 0x1p-126;
 
 /// What update() does when a step overflows while the scale already sits at `min_scale`
 /// (and keeps doing so for `min_scale_patience` consecutive overflowing updates).
@@ -55,9 +63,11 @@ struct GradScalerOptions {
   /// Growth never takes the scale above this (insightface MaxClipGradScaler, apex max_loss_scale 2^24).
   /// Default +inf = no cap (PyTorch 1.13: scale can grow to +inf).
   TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
-  /// Backoff never takes the scale below this (DeepSpeed/apex min_loss_scale). 0 = no floor (PyTorch).
+  /// Backoff never takes the scale below this (DeepSpeed/apex min_loss_scale). 0 = no floor of the
+  /// user's (PyTorch); the scale still never goes below kMinLossScale.
   TORCH_ARG(double, min_scale) = 0.0;
-  /// Action once `min_scale_patience` consecutive updates overflowed with the scale at the floor.
+  /// Action once `min_scale_patience` consecutive updates overflowed with the scale at the floor
+  /// (max(min_scale, kMinLossScale)). kError by default: such gradients overflow at any scale.
   TORCH_ARG(MinScaleAction, at_min_scale) = MinScaleAction::kError;
   /// Consecutive overflowing updates at the floor that are tolerated before `at_min_scale` fires.
   /// 1 = DeepSpeed: the first overflow that finds the scale already at min_scale.
@@ -144,6 +154,8 @@ class GradScaler {
   bool found_inf_last_step() const { return found_inf_last_step_; }
   /// Number of optimizer.step() calls skipped since construction (saved in state_dict).
   int64_t skipped_steps() const { return skipped_steps_; }
+  /// Updates in a row whose gradients held inf/NaN (0 after a finite one; not saved in state_dict).
+  int64_t consecutive_overflows() const { return consecutive_overflows_; }
   /// Remaining overflows before the next backoff (== hysteresis when none is pending).
   int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
   /// Hook that reduces or observes found_inf inside unscale_ (see FoundInfHook). nullptr removes it.
@@ -160,6 +172,9 @@ class GradScaler {
 
   void check_scale_growth_tracker(const char* funcname) const;
   void lazy_init_scale_growth_tracker(const torch::Device& device);
+  double floor_scale() const { return std::max(options_.min_scale(), kMinLossScale); }
+  void apply_policy_rule(bool found);
+  void overflow_at_floor(double scale);
   PerOptimizerState& state_of(const torch::optim::Optimizer& optimizer);
 
   GradScalerOptions options_;
@@ -173,6 +188,7 @@ class GradScaler {
   int64_t skipped_steps_ = 0;
   int64_t hysteresis_tracker_ = 1;
   int64_t min_scale_overflows_ = 0;  // consecutive overflowing updates that found the scale at the floor
+  int64_t consecutive_overflows_ = 0;
 };
 
 }  // namespace ampp

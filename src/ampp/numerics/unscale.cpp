@@ -145,8 +145,11 @@ void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& foun
   // the foreach op requires a single dtype. Not exercised on this CPU-only machine.
   std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (const auto& g : scaled_grads) by_dtype[g.scalar_type()].push_back(g);
+  const at::Tensor one = at::ones_like(inv_scale);
   for (auto& entry : by_dtype) {
     at::_amp_foreach_non_finite_check_and_unscale_(entry.second, found_inf, inv_scale);
+    // ATen checks the inputs; check what was stored too (x * 1 rewrites nothing): see unscale.h.
+    at::_amp_foreach_non_finite_check_and_unscale_(entry.second, found_inf, one);
   }
 #else
   TORCH_CHECK(false, "non_finite_check_and_unscale_: no kernel for device ", device,

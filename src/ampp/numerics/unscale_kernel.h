@@ -6,6 +6,12 @@
 // Non-finite detection without branches: for finite x, x - x == +0 exactly; for +-inf and NaN it is
 // NaN. Summing (x - x) over a span therefore yields NaN iff the span holds a non-finite value, at the
 // cost of one sub + one add per vector, fused with the multiply by inv_scale in the same pass.
+//
+// What is checked is what the optimizer will read: the unscaled values as stored. With |inv_scale| <= 1
+// that is the same as checking the inputs (rounding is monotone, so |x * inv| <= |x| stays finite and
+// inf * inv stays inf or NaN), which costs nothing extra. With |inv_scale| > 1 (a scale below 1) a
+// finite gradient can overflow when unscaled (4 * 2^126 in fp32, 60000 * 2 in fp16); PyTorch checks the
+// inputs only and steps on the inf. There the kernel checks the stored results (kCheckStored).
 
 #include "unscale_span.h"
 
@@ -35,7 +41,7 @@ bool any_nan(const V& acc) {
 }
 
 // float and double: opmath type == storage type.
-template <typename T, bool kWrite>
+template <typename T, bool kWrite, bool kCheckStored>
 bool span_full(T* p, int64_t n, T inv) {
   using V = Vectorized<T>;
   constexpr int64_t W = V::size();
@@ -44,24 +50,29 @@ bool span_full(T* p, int64_t n, T inv) {
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
     const V a = V::loadu(p + i), b = V::loadu(p + i + W);
-    acc0 = acc0 + (a - a);
-    acc1 = acc1 + (b - b);
     if constexpr (kWrite) {
-      (a * vinv).store(p + i);
-      (b * vinv).store(p + i + W);
+      const V ya = a * vinv, yb = b * vinv;
+      ya.store(p + i);
+      yb.store(p + i + W);
+      acc0 = acc0 + (kCheckStored ? ya - ya : a - a);
+      acc1 = acc1 + (kCheckStored ? yb - yb : b - b);
+    } else {
+      acc0 = acc0 + (a - a);
+      acc1 = acc1 + (b - b);
     }
   }
   bool bad = any_nan(acc0 + acc1);
   for (; i < n; ++i) {
     const T v = p[i];
-    bad |= !std::isfinite(v);
     if constexpr (kWrite) p[i] = v * inv;
+    bad |= !std::isfinite(kCheckStored ? p[i] : v);
   }
   return bad;
 }
 
-// bfloat16: widen to fp32, multiply in fp32, round back to nearest even.
-template <bool kWrite>
+// bfloat16: widen to fp32, multiply in fp32, round back to nearest even. A float product just below
+// FLT_MAX rounds to inf in bf16, so the stored check re-widens what was stored.
+template <bool kWrite, bool kCheckStored>
 bool span_bf16(c10::BFloat16* p, int64_t n, float inv) {
   using B = Vectorized<c10::BFloat16>;
   using F = Vectorized<float>;
@@ -72,21 +83,25 @@ bool span_bf16(c10::BFloat16* p, int64_t n, float inv) {
   for (; i + W <= n; i += W) {
     F a, b;
     std::tie(a, b) = at::vec::convert_bfloat16_float(B::loadu(p + i));
+    if constexpr (kWrite) {
+      const B stored = at::vec::convert_float_bfloat16(a * vinv, b * vinv);
+      stored.store(p + i);
+      if constexpr (kCheckStored) std::tie(a, b) = at::vec::convert_bfloat16_float(stored);
+    }
     acc0 = acc0 + (a - a);
     acc1 = acc1 + (b - b);
-    if constexpr (kWrite) at::vec::convert_float_bfloat16(a * vinv, b * vinv).store(p + i);
   }
   bool bad = any_nan(acc0 + acc1);
   for (; i < n; ++i) {
     const float v = static_cast<float>(p[i]);
-    bad |= !std::isfinite(v);
     if constexpr (kWrite) p[i] = c10::BFloat16(v * inv);
+    bad |= !std::isfinite(kCheckStored ? static_cast<float>(p[i]) : v);
   }
   return bad;
 }
 
 // half: F16C conversions where the variant has them, else c10's scalar conversion.
-template <bool kWrite>
+template <bool kWrite, bool kCheckStored>
 bool span_half(c10::Half* p, int64_t n, float inv) {
   int64_t i = 0;
   bool bad = false;
@@ -94,35 +109,36 @@ bool span_half(c10::Half* p, int64_t n, float inv) {
   const __m256 vinv = _mm256_set1_ps(inv);
   __m256 acc = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
-    acc = _mm256_add_ps(acc, _mm256_sub_ps(x, x));
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
     if constexpr (kWrite) {
       const __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(x, vinv), _MM_FROUND_TO_NEAREST_INT);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(p + i), h);
+      if constexpr (kCheckStored) x = _mm256_cvtph_ps(h);
     }
+    acc = _mm256_add_ps(acc, _mm256_sub_ps(x, x));
   }
   bad = any_nan(Vectorized<float>(acc));
 #endif
   for (; i < n; ++i) {
     const float v = static_cast<float>(p[i]);
-    bad |= !std::isfinite(v);
     if constexpr (kWrite) p[i] = c10::Half(v * inv);
+    bad |= !std::isfinite(kCheckStored ? static_cast<float>(p[i]) : v);
   }
   return bad;
 }
 
-template <bool kWrite>
+template <bool kWrite, bool kCheckStored>
 bool span_dispatch(const ampp::numerics::detail::Span& s, int64_t begin, int64_t end, float inv) {
   const int64_t n = end - begin;
   switch (s.dtype) {
     case c10::ScalarType::Float:
-      return span_full<float, kWrite>(static_cast<float*>(s.data) + begin, n, inv);
+      return span_full<float, kWrite, kCheckStored>(static_cast<float*>(s.data) + begin, n, inv);
     case c10::ScalarType::Double:
-      return span_full<double, kWrite>(static_cast<double*>(s.data) + begin, n, double(inv));
+      return span_full<double, kWrite, kCheckStored>(static_cast<double*>(s.data) + begin, n, double(inv));
     case c10::ScalarType::BFloat16:
-      return span_bf16<kWrite>(static_cast<c10::BFloat16*>(s.data) + begin, n, inv);
+      return span_bf16<kWrite, kCheckStored>(static_cast<c10::BFloat16*>(s.data) + begin, n, inv);
     case c10::ScalarType::Half:
-      return span_half<kWrite>(static_cast<c10::Half*>(s.data) + begin, n, inv);
+      return span_half<kWrite, kCheckStored>(static_cast<c10::Half*>(s.data) + begin, n, inv);
     default:
       return false;  // unreachable: dtypes are validated before any kernel runs
   }
@@ -134,8 +150,11 @@ namespace ampp::numerics::detail {
 
 bool AMPP_UNSCALE_ENTRY(const Span& span, int64_t begin, int64_t end, float inv_scale) {
   // inv_scale == 1 leaves every value as is (x * 1 == x, also for inf/NaN): check only, no stores.
-  return inv_scale == 1.0f ? span_dispatch<false>(span, begin, end, inv_scale)
-                           : span_dispatch<true>(span, begin, end, inv_scale);
+  if (inv_scale == 1.0f) return span_dispatch<false, false>(span, begin, end, inv_scale);
+  // Written so that a NaN inv_scale takes the stored check too.
+  const bool can_overflow = !(std::fabs(inv_scale) <= 1.0f);
+  return can_overflow ? span_dispatch<true, true>(span, begin, end, inv_scale)
+                      : span_dispatch<true, false>(span, begin, end, inv_scale);
 }
 
 }  // namespace ampp::numerics::detail

@@ -127,8 +127,14 @@ bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::Disp
   } else if ((key == "conv1d" || key == "conv2d" || key == "conv3d") && eligible_arg(0) && eligible_arg(1)) {
     out = conv_stored_operands(&args[0], compute);
   } else if (key == "matmul") {
+    const bool any_eligible = eligible_arg(0) || eligible_arg(1);
     // A composite op: let it decompose, with autocast still on, into the mm/bmm handled above.
     op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastCPU), stack);
+    // A 1-D second operand decomposes into mv or dot, which are not lower-precision ops on CPU and so
+    // compute and return float32; PyTorch casts matmul's inputs to bf16 first and returns bf16. The
+    // dtype must be PyTorch's: store the fp32 result in bf16, as every lowered op does.
+    at::Tensor result = stack->back().toTensor();
+    if (any_eligible && result.scalar_type() == at::kFloat) stack->back() = result.to(at::kBFloat16);
     return true;
   } else if (compute == at::kBFloat16) {
     return false;

@@ -7,6 +7,7 @@
 
 #include <ampp/numerics/unscale.h>
 #include <ampp/numerics/update_scale.h>
+#include <ampp/util/torch_version.h>
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -28,7 +29,9 @@ void validate(const GradScalerOptions& o) {
               "; pass GradScalerOptions().backoff_factor(x) with 0 < x < 1 (PyTorch's default is 0.5).");
   TORCH_CHECK(o.backoff_factor() > 0.0, "The backoff factor must be > 0.0. Got ", o.backoff_factor(),
               "; pass GradScalerOptions().backoff_factor(x) with 0 < x < 1 (PyTorch's default is 0.5).");
-  TORCH_CHECK(std::isfinite(o.init_scale()) && o.init_scale() > 0.0, "The initial scale must be finite and > 0. Got ",
+  TORCH_CHECK(std::isfinite(o.init_scale()) && o.init_scale() >= kMinLossScale,
+              "The initial scale must be finite and >= 2^-126 (kMinLossScale; below it 1/scale overflows "
+              "float32 soon). Got ",
               o.init_scale(), "; pass GradScalerOptions().init_scale(x), e.g. 65536 (2^16, PyTorch's default).");
   TORCH_CHECK(o.growth_interval() >= 1, "The growth interval must be >= 1. Got ", o.growth_interval(),
               "; pass GradScalerOptions().growth_interval(n) with n >= 1 (PyTorch's default is 2000).");
@@ -78,6 +81,7 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   skipped_steps_ = other.skipped_steps_;
   hysteresis_tracker_ = other.hysteresis_tracker_;
   min_scale_overflows_ = other.min_scale_overflows_;
+  consecutive_overflows_ = other.consecutive_overflows_;
   return *this;
 }
 
@@ -106,9 +110,18 @@ torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
   if (!is_enabled()) return outputs;
   TORCH_CHECK(outputs.defined(), "GradScaler::scale: outputs must be a defined tensor (e.g. the loss).");
   if (!scale_.defined()) lazy_init_scale_growth_tracker(outputs.device());
-  // Out of place, like PyTorch: the scaled loss is a new autograd node; a 0-dim float scale does not
-  // promote a bf16/fp16 loss.
-  return outputs * (scale_.device() == outputs.device() ? scale_ : scale_.to(outputs.device()));
+  const torch::Tensor s = scale_.device() == outputs.device() ? scale_ : scale_.to(outputs.device());
+  // Deliberately unlike PyTorch 2.x, whose 0-dim scale does not promote, so that an fp16 loss of 1.5
+  // times 2^16 is a Half inf: a bf16/fp16 output is scaled in float32 and returned as float32, as
+  // PyTorch 1.13's (1,)-shaped scale did by type promotion. Backward casts the gradient back.
+  const bool low_precision = outputs.scalar_type() == torch::kHalf || outputs.scalar_type() == torch::kBFloat16;
+  torch::Tensor scaled = (low_precision ? outputs.to(torch::kFloat) : outputs) * s;  // out of place, as PyTorch
+#if !AMPP_TORCH_AT_LEAST(2, 0)
+  // Shapes follow the PyTorch ampp is built against: 1.13's scale has shape (1,), so a 0-dim loss
+  // scales to shape (1,); 2.x keeps it 0-dim.
+  if (scaled.dim() == 0) scaled = scaled.reshape({1});
+#endif
+  return scaled;
 }
 
 std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& outputs) {
@@ -214,8 +227,9 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimize
 void GradScaler::update(double new_scale) {
   if (!is_enabled()) return;
   check_scale_growth_tracker("update");
-  TORCH_CHECK(std::isfinite(new_scale) && new_scale > 0.0, "update(new_scale): new_scale must be finite and > 0. Got ",
-              new_scale, "; a zero or non-finite scale turns every gradient into inf/NaN.");
+  TORCH_CHECK(std::isfinite(new_scale) && new_scale >= kMinLossScale,
+              "update(new_scale): new_scale must be finite and >= 2^-126 (kMinLossScale). Got ", new_scale,
+              "; a zero, subnormal or non-finite scale turns finite gradients into inf/NaN when unscaled.");
   scale_.fill_(new_scale);
   per_optimizer_states_.clear();
 }
@@ -236,15 +250,22 @@ void GradScaler::update() {
   torch::Tensor found_inf_combined = found_infs[0].clone();
   for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined += found_infs[i];
 
+  // One host read of the flag (step() has already made one; free on CPU).
+  const bool found = found_inf_combined.item<float>() != 0.0f;
+  consecutive_overflows_ = found ? consecutive_overflows_ + 1 : 0;
   if (!options_.dynamic()) return;  // static loss scale: never changes
-  if (plain_pytorch_rule(options_)) {
+  // ATen's kernel is PyTorch's rule exactly, as long as the backoff stays above kMinLossScale.
+  if (plain_pytorch_rule(options_) &&
+      !(found && static_cast<float>(scale_.item<float>() * options_.backoff_factor()) < kMinLossScale)) {
     numerics::amp_update_scale_(scale_, growth_tracker_, found_inf_combined, options_.growth_factor(),
                                 options_.backoff_factor(), options_.growth_interval());
     return;
   }
+  apply_policy_rule(found);
+}
 
-  // Policy rule (host side; one sync, like get_scale()). Same products as ATen: double, stored as float.
-  const bool found = found_inf_combined.item<float>() != 0.0f;
+// The host-side rule: ampp's policies, and the floor. Same products as ATen: double, stored as float.
+void GradScaler::apply_policy_rule(bool found) {
   const double scale = scale_.item<float>();
   const int64_t tracker = growth_tracker_.item<int32_t>();
   double next = scale;
@@ -253,26 +274,10 @@ void GradScaler::update() {
     // Any overflow restarts the growth window; only the hysteresis-th one in a row backs off.
     if (hysteresis_tracker_ > 1) {
       --hysteresis_tracker_;
-    } else if (options_.min_scale() > 0.0 && scale <= options_.min_scale()) {
-      ++min_scale_overflows_;
-      if (min_scale_overflows_ >= options_.min_scale_patience()) {
-        const auto msg = c10::str(
-            "Current loss scale already at minimum - cannot decrease scale anymore. The scale is at min_scale = ",
-            options_.min_scale(), " and ", min_scale_overflows_,
-            " consecutive update(s) still found inf/NaN gradients (those steps were skipped). The gradients "
-            "overflow regardless of loss scaling: check the learning rate, the inputs and numerically unstable "
-            "ops (run them in fp32), or lower GradScalerOptions().min_scale / raise min_scale_patience / use "
-            "at_min_scale(MinScaleAction::kWarn) to keep going.");
-        if (options_.at_min_scale() == MinScaleAction::kError) {
-          growth_tracker_.fill_(0);
-          TORCH_CHECK(false, msg);
-        }
-        if (options_.at_min_scale() == MinScaleAction::kWarn && min_scale_overflows_ == options_.min_scale_patience()) {
-          TORCH_WARN(msg);
-        }
-      }
+    } else if (scale <= floor_scale()) {
+      overflow_at_floor(scale);
     } else {
-      next = std::max(static_cast<double>(static_cast<float>(scale * options_.backoff_factor())), options_.min_scale());
+      next = std::max(static_cast<double>(static_cast<float>(scale * options_.backoff_factor())), floor_scale());
     }
   } else {
     min_scale_overflows_ = 0;
@@ -286,6 +291,31 @@ void GradScaler::update() {
   }
   scale_.fill_(next);
   growth_tracker_.fill_(next_tracker);
+}
+
+// An overflow that found the scale at its floor: the gradients are inf/NaN at any scale.
+void GradScaler::overflow_at_floor(double scale) {
+  ++min_scale_overflows_;
+  if (min_scale_overflows_ < options_.min_scale_patience() || options_.at_min_scale() == MinScaleAction::kIgnore) {
+    return;
+  }
+  const bool user_floor = options_.min_scale() >= kMinLossScale;
+  const auto msg = c10::str(
+      "Current loss scale already at minimum - cannot decrease scale anymore. The scale is at ",
+      user_floor ? "min_scale = "
+                 : "2^-126 (kMinLossScale, float32's smallest normal number; below it 1/scale "
+                   "overflows and finite gradients would unscale to inf/NaN) = ",
+      scale, ", the gradients overflowed in ", consecutive_overflows_, " update(s) in a row and ", min_scale_overflows_,
+      " consecutive update(s) at the floor still found inf/NaN gradients (those steps were skipped; no weight "
+      "changed). Gradients that overflow at such a scale are inf/NaN by themselves: likely a learning rate or data "
+      "problem, not a loss-scale problem. Lower the learning rate, check the inputs for inf/NaN, run numerically "
+      "unstable ops in fp32 (or use bf16 instead of fp16); to keep skipping instead, use "
+      "GradScalerOptions().at_min_scale(MinScaleAction::kWarn) or raise min_scale_patience.");
+  if (options_.at_min_scale() == MinScaleAction::kError) {
+    growth_tracker_.fill_(0);  // the update is complete and consistent: the next iteration may proceed
+    TORCH_CHECK(false, msg);
+  }
+  if (min_scale_overflows_ == options_.min_scale_patience()) TORCH_WARN(msg);
 }
 
 double GradScaler::get_scale() const {
@@ -322,7 +352,11 @@ void GradScaler::load_state_dict(const GradScalerStateDict& state) {
                 "\" is missing; pass a dict produced by GradScaler::state_dict().");
     return state.at(key);
   };
-  options_.init_scale(required("scale").toDouble());
+  const double scale = required("scale").toDouble();
+  TORCH_CHECK(std::isfinite(scale) && scale >= kMinLossScale, "GradScaler::load_state_dict: the saved scale ", scale,
+              " is not finite or below 2^-126 (kMinLossScale), so the run it came from had already failed (its "
+              "gradients overflowed at every scale). Start from an earlier checkpoint, or call update(new_scale).");
+  options_.init_scale(scale);
   options_.growth_factor(required("growth_factor").toDouble());
   options_.backoff_factor(required("backoff_factor").toDouble());
   options_.growth_interval(required("growth_interval").toInt());
