@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 namespace {
 
@@ -194,6 +195,28 @@ TEST(Unscale, OneBadValueInAnyOfManyMixedDtypeTensorsSetsFoundInf) {
         reference_unscale_(refs[i], 0.5f);
         expect_same_bits(ts[i], refs[i]);
       }
+    }
+  });
+}
+
+// Which tensors overflowed comes from the same pass (per-chunk flags), for the numerics doctor.
+TEST(Unscale, PerTensorFlagsNameExactlyTheTensorsWithNonFiniteValues) {
+  for_each_variant([&] {
+    const std::vector<int64_t> sizes{5, (1 << 15) * 3 + 7, 0, 1000, 70001};
+    const std::vector<torch::ScalarType> dtypes{torch::kFloat, torch::kBFloat16, torch::kFloat, torch::kHalf,
+                                                torch::kFloat};
+    for (const std::set<size_t> bad : {std::set<size_t>{}, {1}, {0, 4}, {3}, {1, 3, 4}}) {
+      std::vector<torch::Tensor> ts;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        ts.push_back(scaled_values(sizes[i], dtypes[i], 30 + i));
+        if (bad.count(i)) ts.back()[sizes[i] - 1 - static_cast<int64_t>(i)] = kNaN;  // late in the last chunk
+      }
+      auto found = torch::zeros({}, torch::kFloat);
+      std::vector<uint8_t> flags;
+      non_finite_check_and_unscale_(ts, found, torch::full({}, 0.5f), flags);
+      ASSERT_EQ(flags.size(), ts.size());
+      for (size_t i = 0; i < ts.size(); ++i) EXPECT_EQ(flags[i], bad.count(i) ? 1 : 0) << "tensor " << i;
+      EXPECT_EQ(found.item<float>(), bad.empty() ? 0.0f : 1.0f);
     }
   });
 }

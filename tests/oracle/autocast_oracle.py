@@ -86,6 +86,8 @@ def run_case(case, region):
     inputs = [decode(t) for t in case["inputs"]]
     if case["input_dtype"] == "mixed":  # first input in the region's dtype, the others float32
         inputs[0] = inputs[0].to(region)
+    elif "," in case["input_dtype"]:  # one dtype per input, e.g. "float16,bfloat16"
+        inputs = [t.to(_DTYPES[d]) for t, d in zip(inputs, case["input_dtype"].split(","))]
     else:
         inputs = [t.to(_DTYPES[case["input_dtype"]]) for t in inputs]
     try:

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace {
 
@@ -169,10 +170,22 @@ torch::Tensor make_input(const Input& in, at::Generator& gen) {
 
 struct Case {
   const Op* op;
-  std::string input_dtype;  // "float32", the region's dtype, or "mixed" (first input in the region's dtype)
-  Tensors inputs;           // float32 values, before the cast to input_dtype
+  // "float32", the region's dtype, "mixed" (first input in the region's dtype), or one dtype per input
+  // ("float16,bfloat16")
+  std::string input_dtype;
+  Tensors inputs;  // float32 values, before the cast to input_dtype
   std::string key(const std::string& region) const { return region + "/" + input_dtype + "/" + op->name; }
 };
+
+// Promote ops also get two different lower-precision dtypes, and the other one alone (fp16 + bf16,
+// fp16 + fp16 in a bf16 region), where LibTorch's versions differ (docs/precision.md).
+std::vector<std::string> dtypes_for(const Op& op, std::vector<std::string> dtypes, c10::ScalarType region,
+                                    bool lower_inputs) {
+  if (!lower_inputs || (op.name != "cat" && op.name != "stack")) return dtypes;
+  const std::string mine = dtype_name(region), other = region == torch::kHalf ? "bfloat16" : "float16";
+  dtypes.insert(dtypes.end(), {other + "," + mine, other + "," + other});
+  return dtypes;
+}
 
 std::vector<Case> make_cases(const std::vector<Op>& all, c10::ScalarType region, bool lower_inputs) {
   auto gen = at::detail::createCPUGenerator(2024);
@@ -180,7 +193,7 @@ std::vector<Case> make_cases(const std::vector<Op>& all, c10::ScalarType region,
   std::vector<std::string> input_dtypes{"float32"};
   if (lower_inputs) input_dtypes.insert(input_dtypes.end(), {dtype_name(region), "mixed"});
   for (const auto& op : all)
-    for (const auto& in_dtype : input_dtypes) {
+    for (const auto& in_dtype : dtypes_for(op, input_dtypes, region, lower_inputs)) {
       if (in_dtype == "mixed" && op.inputs.size() < 2) continue;
       Case c{&op, in_dtype, {}};
       for (const auto& in : op.inputs) c.inputs.push_back(make_input(in, gen));
@@ -207,13 +220,24 @@ struct Outcome {
 
 Outcome run_ampp(const Case& c, c10::ScalarType region, ampp::Bf16Compute compute) {
   Tensors inputs;
+  std::vector<std::string> per_input;  // "float16,bfloat16": one dtype per input
+  if (c.input_dtype.find(',') != std::string::npos) {
+    std::istringstream names(c.input_dtype);
+    for (std::string name; std::getline(names, name, ',');) per_input.push_back(name);
+  }
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const bool lower = c.input_dtype == dtype_name(region) || (c.input_dtype == "mixed" && i == 0);
-    inputs.push_back(lower ? c.inputs[i].to(region) : c.inputs[i]);
+    if (!per_input.empty())
+      inputs.push_back(c.inputs[i].to(ampp_oracle::dtype_from_name(per_input.at(i))));
+    else
+      inputs.push_back(lower ? c.inputs[i].to(region) : c.inputs[i]);
   }
   try {
     // kNative is what PyTorch's CPU autocast does; kFp32 must give the same dtypes (ignored under fp16).
-    ampp::autocast guard(torch::kCPU, region, true, ampp::AutocastOptions().bf16_compute(compute));
+    // fp16 follows the CPU lists here, the ones torch.autocast("cpu") has; ampp's default for fp16, the
+    // CUDA lists, cannot be run against torch on this CPU-only machine (fp16_cuda_lists_test.cpp).
+    const auto options = ampp::AutocastOptions().bf16_compute(compute).fp16_op_lists(ampp::Fp16OpLists::kCpu);
+    ampp::autocast guard(torch::kCPU, region, true, options);
     return {true, c.op->fn(inputs), ""};
   } catch (const c10::Error& e) {
     return {false, {}, e.what_without_backtrace()};

@@ -96,5 +96,25 @@ TEST(NeverNonFiniteWeights, ThousandStepsOfRandomOverflowsLeaveEveryWeightFinite
   }
 }
 
+// The numerics doctor's attribution: which parameters' gradients overflowed, by module path.
+TEST(NeverNonFiniteWeights, TheOverflowedParametersAreNamed) {
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::Tanh(), torch::nn::Linear(4, 2));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  auto iterate = [&](const std::vector<std::string>& poisoned) {
+    opt.zero_grad();
+    scaler.scale(net->forward(torch::randn({5, 3})).sum()).backward();
+    for (const auto& name : poisoned) net->named_parameters()[name].mutable_grad().view(-1)[0] = kNaN;
+    scaler.step(opt);
+    scaler.update();
+    return ampp::overflowed_parameter_names(scaler, *net);
+  };
+  EXPECT_EQ(iterate({"2.weight"}), std::vector<std::string>{"2.weight"});
+  EXPECT_EQ(iterate({"0.bias", "2.bias"}), (std::vector<std::string>{"0.bias", "2.bias"}));
+  EXPECT_EQ(scaler.overflowed_params().size(), 2u);  // still readable after update()
+  EXPECT_TRUE(iterate({}).empty());                  // a clean iteration clears the list
+}
+
 }  // namespace
 }  // namespace ampp_test

@@ -65,6 +65,7 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--num-classes 1", "--num-classes must be 0 (from the data) or 2 to 100000"},
       {"--max-consecutive-skips=-1", "--max-consecutive-skips must be 0 (never stop) or a positive number"},
       {"--timeout 0", "--timeout must be at least 1 second"},
+      {"--warmup-steps=-2", "--warmup-steps must be 0 (off) or a positive number of steps"},
       {"--data /nonexistent/folder --nproc 1", "dataset folder '/nonexistent/folder' does not exist"},
   };
   for (const auto& [flags, message] : cases) {
@@ -143,6 +144,42 @@ TEST(TrainCli, MidEpochResumeIsBitIdentical) {
   auto r = run_ampp(small_run(split.path(), flags + " --steps 5"));  // stops mid-epoch, checkpoint at step 5
   ASSERT_EQ(r.code, 0) << r.output;
   r = run_ampp(small_run(split.path(), flags + " --resume"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expect_same_model(straight.path() / "out" / "model.pt", split.path() / "out" / "model.pt");
+}
+
+// Warmup counts optimizer steps taken: the step skipped for an (injected) inf loss does not advance
+// it, so the next step uses the same warmup lr. (PyTorch: "Detected call of lr_scheduler.step() before
+// optimizer.step()" when a GradScaler skips, and a schedule that runs ahead of the optimizer.)
+TEST(TrainCli, WarmupCountsOnlyTheStepsTaken) {
+  ampp_test::TempDir tmp;
+  const auto r = ampp_test::run_shell(
+      std::string("AMPP_TRAIN_TEST_INF_AT=2:0 ") + AMPP_CLI + " " +
+      small_run(tmp.path(), "--nproc 1 --steps 7 --log-every 1 --lr 0.1 --warmup-steps 4 --opt-level O1 --dtype bf16"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  int64_t taken = 0, records = 0;
+  for (const auto& j : ampp::train::read_jsonl((tmp.path() / "out" / "metrics.jsonl").string())) {
+    if (j.value("type", "") != "step") continue;
+    ++records;
+    const double want = taken < 4 ? 0.1 * (static_cast<double>(taken + 1) / 4.0) : 0.1;
+    EXPECT_EQ(j["lr"].get<double>(), want) << j.dump();
+    EXPECT_EQ(j["skipped"].get<bool>(), j["step"] == 2) << j.dump();
+    if (!j["skipped"].get<bool>()) ++taken;
+  }
+  EXPECT_EQ(records, 7);
+  EXPECT_EQ(taken, 6);
+}
+
+// The schedule is a function of (epoch, steps taken), both in the checkpoint: a run stopped in the
+// middle of its warmup, with a skipped step before the stop, resumes to the same model bit for bit.
+TEST(TrainCli, ResumeInTheMiddleOfTheWarmupIsBitIdentical) {
+  ampp_test::TempDir straight, split;
+  const std::string env = std::string("AMPP_TRAIN_TEST_INF_AT=3:0 ") + AMPP_CLI + " ";
+  const std::string flags = "--nproc 1 --epochs 1 --opt-level O1 --dtype fp16 --warmup-steps 9";
+  ASSERT_EQ(ampp_test::run_shell(env + small_run(straight.path(), flags)).code, 0);
+  auto r = ampp_test::run_shell(env + small_run(split.path(), flags + " --steps 5"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = ampp_test::run_shell(env + small_run(split.path(), flags + " --resume"));
   ASSERT_EQ(r.code, 0) << r.output;
   expect_same_model(straight.path() / "out" / "model.pt", split.path() / "out" / "model.pt");
 }

@@ -38,10 +38,17 @@ void expect_diverged(const std::string& flags, const std::string& hint) {
   EXPECT_THAT(r.output, HasSubstr("the run diverged: steps ")) << flags;
   EXPECT_THAT(r.output, HasSubstr("(5 in a row, --max-consecutive-skips) had inf/NaN gradients")) << flags;
   EXPECT_THAT(r.output, HasSubstr(hint)) << flags << "\n" << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the last of them had inf/NaN gradients in ")) << flags;
   EXPECT_FALSE(fs::exists(tmp.path() / "out" / "model.pt")) << flags;
   const auto errors = records_of_type(tmp.path() / "out" / "metrics.jsonl", "error");
   ASSERT_EQ(errors.size(), 1u) << flags;
   EXPECT_EQ(errors[0]["cause"], "diverged");
+  // Every skipped step's record names the parameters whose gradients were inf/NaN.
+  for (const auto& step : records_of_type(tmp.path() / "out" / "metrics.jsonl", "step")) {
+    if (!step["skipped"].get<bool>()) continue;
+    ASSERT_TRUE(step.contains("overflowed")) << step.dump();
+    EXPECT_FALSE(step["overflowed"].empty()) << step.dump();
+  }
 }
 
 }  // namespace
@@ -52,6 +59,26 @@ TEST(TrainReliability, ADivergedRunStopsWithTheReasonAtEveryOptLevel) {
   expect_diverged("--lr 1e4 --opt-level O1 --dtype fp16", "the dynamic loss scale backed off to");
   expect_diverged("--lr 1e4 --opt-level O2 --dtype bf16", "lower --lr (10000)");
   expect_diverged("--opt-level O1 --dtype fp16 --loss-scale 1e30", "the static loss scale 1e+30 may overflow");
+}
+
+// The numerics doctor's attribution in ampp train: an inf loss at step 3 makes every gradient inf/NaN,
+// and the skipped step's record names every parameter by its module path.
+TEST(TrainReliability, ASkippedStepNamesTheParametersWhoseGradientsOverflowed) {
+  ampp_test::TempDir tmp;
+  const auto r = ampp_test::run_shell(std::string("AMPP_TRAIN_TEST_INF_AT=3:0 ") + AMPP_CLI + " " +
+                                      small_run(tmp.path(), "--nproc 1 --steps 4 --opt-level O1 --dtype fp16"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  int skipped = 0;
+  for (const auto& step : records_of_type(tmp.path() / "out" / "metrics.jsonl", "step")) {
+    EXPECT_EQ(step.contains("overflowed"), step["skipped"].get<bool>()) << step.dump();
+    if (!step["skipped"].get<bool>()) continue;
+    ++skipped;
+    EXPECT_EQ(step["step"], 3);
+    const auto names = step["overflowed"].get<std::vector<std::string>>();
+    EXPECT_THAT(names, ::testing::Contains("fc1.weight")) << step.dump();
+    EXPECT_GE(names.size(), 4u) << step.dump();
+  }
+  EXPECT_EQ(skipped, 1);
 }
 
 TEST(TrainReliability, NoNaNReachesTheWeightsOrTheBatchNormStatisticsOfADivergedRunAtO0) {

@@ -72,6 +72,8 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
   ampp::cli::add_number(sub, "--weight-decay", o.weight_decay(), "SGD weight decay");
   ampp::cli::add_number(sub, "--lr-step", o.lr_step(), "StepLR step size in epochs (0: constant lr)");
   ampp::cli::add_number(sub, "--lr-gamma", o.lr_gamma(), "StepLR factor");
+  ampp::cli::add_number(sub, "--warmup-steps", o.warmup_steps(),
+                        "linear lr warmup over this many optimizer steps taken (skipped steps do not count; 0: off)");
   ampp::cli::add_number(sub, "--clip-grad-norm", o.clip_grad_norm(),
                         "clip the (unscaled) gradient norm to this (0: off)");
   ampp::cli::add_number(sub, "--seed", o.seed(), "seed for weights, data order and synthetic data");

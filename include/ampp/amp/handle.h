@@ -140,6 +140,9 @@ class Amp {
   /// True when scale_loss(...).backward() checks the gradients for inf/NaN (and step() skips on
   /// them): a loss scaler is in use. False at apex's O0/O3 defaults (static scale 1.0) and disabled.
   bool checks_overflow() const;
+  /// True when a backward since the last step() found inf/NaN gradients, so the next step() skips
+  /// (and drops those gradients, as apex does): read the gradients before step() to see where.
+  bool step_will_skip() const;
   /// The live scale of loss scaler `loss_id` (1.0 for a static 1.0 / disabled).
   double loss_scale(int64_t loss_id = 0) const;
   const GradScaler& scaler(int64_t loss_id = 0) const;

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,12 @@ namespace ampp::numerics {
 /// on other devices they are grouped by dtype and handed to ATen's op, followed by a check-only pass
 /// of the results (compile-guarded; no accelerator build was made here).
 void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale);
+
+/// The same, and which tensors held a non-finite value after unscaling: `non_finite_per_tensor` is
+/// resized to scaled_grads.size() and entry i set to 1 for each such tensor. On CPU the flags come from
+/// the same pass; elsewhere from one check per tensor, made only when something was found.
+void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
+                                   std::vector<uint8_t>& non_finite_per_tensor);
 
 /// True if any element of any tensor is inf/-inf/NaN (the same pass with inv_scale 1, read only).
 bool has_non_finite(at::TensorList tensors);

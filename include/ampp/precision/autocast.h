@@ -50,6 +50,14 @@ enum class Bf16Compute {
 
 const char* to_string(Bf16Compute compute);
 
+/// Which op lists an fp16 region on CPU follows. fp16 on CPU emulates GPU fp16 training, so by default
+/// it is the CUDA lists of the LibTorch built against (mv, addmv, addr, RNN cells, ... in fp16; exp,
+/// softmax, layer_norm, sum, ... in fp32). kCpu follows torch.autocast("cpu", torch.float16) instead.
+enum class Fp16OpLists {
+  kCuda,  ///< CUDA autocast's lists (docs/precision.md lists them op by op)
+  kCpu,   ///< CPU autocast's lists (the same as bf16 regions)
+};
+
 struct AutocastOptions {
   /// Cache the low-precision copies of fp32 leaf tensors (weights) until the outermost region ends.
   TORCH_ARG(bool, cache_enabled) = true;
@@ -57,6 +65,8 @@ struct AutocastOptions {
   TORCH_ARG(Bf16Compute, bf16_compute) = Bf16Compute::kAutomatic;
   /// Run `banned` ops in fp32 instead of raising (apex's allow_banned).
   TORCH_ARG(bool, allow_banned) = false;
+  /// CPU fp16 only: the op lists the emulation follows.
+  TORCH_ARG(Fp16OpLists, fp16_op_lists) = Fp16OpLists::kCuda;
 };
 
 /// RAII autocast region. Nests; the destructor restores the previous state (also during exception
@@ -82,6 +92,7 @@ class autocast {
     c10::ScalarType dtype = c10::ScalarType::BFloat16;
     Bf16Compute bf16_compute = Bf16Compute::kNative;
     bool allow_banned = false;
+    Fp16OpLists fp16_op_lists = Fp16OpLists::kCuda;
   };
   c10::DeviceType device_type_;
   Saved saved_;
@@ -120,6 +131,7 @@ CastPolicy policy_of(const std::string& op, c10::DeviceType device_type = c10::D
 std::vector<std::string> ops_with_policy(CastPolicy policy, c10::DeviceType device_type = c10::DeviceType::CPU);
 
 /// Set the policy of any registered out-of-place aten op; takes effect immediately, for all threads.
+/// A CPU registration also applies in fp16 regions that follow the CUDA lists (it overrides them).
 /// Throws if the op is not registered or is in-place/out=. CastPolicy::kNone removes it from the lists.
 void register_op_policy(const std::string& op, CastPolicy policy, c10::DeviceType device_type = c10::DeviceType::CPU);
 

@@ -11,6 +11,7 @@
 //   scaler.update();                               // once per iteration, after every step()
 
 #include <torch/arg.h>
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
@@ -158,6 +159,11 @@ class GradScaler {
   int64_t consecutive_overflows() const { return consecutive_overflows_; }
   /// Remaining overflows before the next backoff (== hysteresis when none is pending).
   int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
+  /// The parameters whose gradients held inf/NaN after unscaling, in this iteration (every unscale_
+  /// since the last update(); after update(), those of the iteration it closed). From the fused
+  /// unscale pass itself on CPU: no extra pass. Map them to names with overflowed_parameter_names().
+  /// Under DDP the gradients are already averaged, so every rank sees the same list.
+  const std::vector<torch::Tensor>& overflowed_params() const { return overflowed_params_; }
   /// Hook that reduces or observes found_inf inside unscale_ (see FoundInfHook). nullptr removes it.
   void set_found_inf_hook(FoundInfHook reducer) { found_inf_hook_ = std::move(reducer); }
 
@@ -189,6 +195,12 @@ class GradScaler {
   int64_t hysteresis_tracker_ = 1;
   int64_t min_scale_overflows_ = 0;  // consecutive overflowing updates that found the scale at the floor
   int64_t consecutive_overflows_ = 0;
+  std::vector<torch::Tensor> overflowed_params_;
+  bool iteration_closed_ = true;  // update() ran since the last unscale_
 };
+
+/// Module paths ("layer2.conv1.weight") of scaler.overflowed_params() that belong to `module`, in the
+/// order the scaler found them (parameters of other modules, e.g. FP32 master copies, are left out).
+std::vector<std::string> overflowed_parameter_names(const GradScaler& scaler, const torch::nn::Module& module);
 
 }  // namespace ampp

@@ -14,10 +14,11 @@ namespace ampp::train {
 
 struct StepRecord {
   int64_t epoch = 0;
-  int64_t step = 0;       // optimizer iterations since the start of training (1-based)
-  double loss = 0;        // this rank's batch loss (unscaled)
-  double loss_scale = 1;  // scale after this step's update (1 when no scaler)
-  bool skipped = false;   // the optimizer step was skipped (inf/NaN gradients)
+  int64_t step = 0;                     // optimizer iterations since the start of training (1-based)
+  double loss = 0;                      // this rank's batch loss (unscaled)
+  double loss_scale = 1;                // scale after this step's update (1 when no scaler)
+  bool skipped = false;                 // the optimizer step was skipped (inf/NaN gradients)
+  std::vector<std::string> overflowed;  // skipped: the parameters whose gradients were inf/NaN
   int64_t skipped_total = 0;
   double lr = 0;
   double images_per_sec = 0;  // global images per second over the last logging interval

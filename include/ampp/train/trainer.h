@@ -41,9 +41,12 @@ struct TrainOptions {
   TORCH_ARG(double, lr) = 0.05;
   TORCH_ARG(double, momentum) = 0.9;
   TORCH_ARG(double, weight_decay) = 1e-4;
-  // StepLR(step_size = lr_step epochs, gamma); 0 = constant lr.
+  // StepLR(step_size = lr_step epochs, gamma), with LibTorch's counting; 0 = constant lr.
   TORCH_ARG(int64_t, lr_step) = 0;
   TORCH_ARG(double, lr_gamma) = 0.1;
+  // Linear warmup: the k-th optimizer step taken uses lr * k / warmup_steps until k reaches it. A step
+  // skipped for inf/NaN gradients does not count (nor advance the schedule); 0 = off.
+  TORCH_ARG(int64_t, warmup_steps) = 0;
   // clip_grad_norm_ on the (unscaled) master gradients; 0 = off.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
   // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).

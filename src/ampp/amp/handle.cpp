@@ -239,6 +239,11 @@ const GradScaler& Amp::scaler(int64_t loss_id) const {
 int64_t Amp::skipped_steps() const { return state_->skipped_steps; }
 
 bool Amp::checks_overflow() const { return state_->scales_loss; }
+bool Amp::step_will_skip() const {
+  for (const auto& rec : state_->optimizers)
+    if (rec.skip_next_step) return true;
+  return false;
+}
 const Properties& Amp::properties() const { return state_->props; }
 c10::ScalarType Amp::model_storage_dtype() const {
   const AmpState& st = *state_;

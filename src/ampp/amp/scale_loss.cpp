@@ -101,7 +101,9 @@ ScaledLoss Amp::scale_loss(const torch::Tensor& loss, ScaleLossOptions options) 
   if (!st.scales_loss) return ScaledLoss(state_, loss.to(torch::kFloat), 1.0, std::move(options));
   detail::Stopwatch timer(st.props.profile(), &st.profile.scaler_seconds);
   GradScaler& scaler = *st.scalers[options.loss_id()];
-  torch::Tensor scaled = scaler.scale(loss.to(torch::kFloat));
+  // apex's scaled loss is loss.float() * loss_scale: 0-dim in every version (GradScaler::scale gives
+  // shape (1,) on LibTorch 1.13, as torch.cuda.amp's does).
+  torch::Tensor scaled = scaler.scale(loss.to(torch::kFloat)).reshape({});
   return ScaledLoss(state_, std::move(scaled), scaler.get_scale(), std::move(options));
 }
 

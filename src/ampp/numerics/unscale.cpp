@@ -68,12 +68,15 @@ void check_scalars(const at::Tensor& found_inf, const at::Tensor& inv_scale, con
   TORCH_CHECK(found_inf.scalar_type() == at::kFloat, "found_inf must be a float tensor.");
 }
 
-void cpu_unscale(at::TensorList grads, at::Tensor& found_inf, float inv) {
+// per_tensor (optional, sized like grads): set to 1 for each tensor holding a non-finite value.
+void cpu_unscale(at::TensorList grads, at::Tensor& found_inf, float inv, std::vector<uint8_t>* per_tensor) {
   std::vector<detail::Span> spans;
+  std::vector<size_t> tensor_of_span;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (original, dense copy) for strided grads
   spans.reserve(grads.size());
   int64_t total = 0;
-  for (const auto& g : grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = grads[i];
     if (g.numel() == 0) continue;
     at::Tensor dense = g;
     if (!g.is_non_overlapping_and_dense()) {
@@ -84,6 +87,7 @@ void cpu_unscale(at::TensorList grads, at::Tensor& found_inf, float inv) {
     // A non-overlapping-and-dense tensor occupies exactly numel() consecutive elements from its
     // data pointer (in some permuted order), and the operation is elementwise, so order is irrelevant.
     spans.push_back({dense.data_ptr(), dense.numel(), dense.scalar_type()});
+    tensor_of_span.push_back(i);
     total += dense.numel();
   }
   if (spans.empty()) return;
@@ -102,11 +106,16 @@ void cpu_unscale(at::TensorList grads, at::Tensor& found_inf, float inv) {
 
   const detail::SpanKernel k = kernel();
   std::atomic<bool> found{false};
+  // One flag per chunk, each written by the one thread that runs the chunk: which tensors overflowed
+  // costs no extra pass (the numerics doctor's attribution reads it).
+  std::vector<uint8_t> chunk_found(per_tensor ? chunks.size() : 0);
   auto work = [&](int64_t cb, int64_t ce) {
     bool local = false;
     for (int64_t c = cb; c < ce; ++c) {
       const Chunk& ch = chunks[static_cast<size_t>(c)];
-      local |= k(spans[static_cast<size_t>(ch.span)], ch.begin, ch.end, inv);
+      const bool bad = k(spans[static_cast<size_t>(ch.span)], ch.begin, ch.end, inv);
+      if (bad && per_tensor) chunk_found[static_cast<size_t>(c)] = 1;
+      local |= bad;
     }
     if (local) found.store(true, std::memory_order_relaxed);
   };
@@ -118,13 +127,14 @@ void cpu_unscale(at::TensorList grads, at::Tensor& found_inf, float inv) {
   }
 
   for (auto& [orig, dense] : copy_back) orig.copy_(dense);
+  for (size_t c = 0; c < chunk_found.size(); ++c)
+    if (chunk_found[c]) (*per_tensor)[tensor_of_span[static_cast<size_t>(chunks[c].span)]] = 1;
   // Only ever set, never cleared: the caller zeroes found_inf once for any number of calls.
   if (found.load()) found_inf.fill_(1.0);
 }
 
-}  // namespace
-
-void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+void unscale_and_find_non_finite_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
+                                  std::vector<uint8_t>* per_tensor) {
   if (scaled_grads.empty()) return;
   const at::Device device = scaled_grads[0].device();
   for (const auto& g : scaled_grads) {
@@ -137,7 +147,7 @@ void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& foun
   check_scalars(found_inf, inv_scale, device);
 
   if (device.is_cpu()) {
-    cpu_unscale(scaled_grads, found_inf, inv_scale.item<float>());
+    cpu_unscale(scaled_grads, found_inf, inv_scale.item<float>(), per_tensor);
     return;
   }
 #if defined(AMPP_HAVE_ATEN_AMP_UNSCALE)
@@ -151,10 +161,25 @@ void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& foun
     // ATen checks the inputs; check what was stored too (x * 1 rewrites nothing): see unscale.h.
     at::_amp_foreach_non_finite_check_and_unscale_(entry.second, found_inf, one);
   }
+  // Which tensors overflowed: one check per tensor, only when something did (a skipped step).
+  if (per_tensor && found_inf.item<float>() != 0.0f)
+    for (size_t i = 0; i < scaled_grads.size(); ++i) (*per_tensor)[i] = has_non_finite({scaled_grads[i]});
 #else
   TORCH_CHECK(false, "non_finite_check_and_unscale_: no kernel for device ", device,
               " in this LibTorch build; use CPU tensors or a LibTorch built with that backend.");
 #endif
+}
+
+}  // namespace
+
+void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  unscale_and_find_non_finite_(scaled_grads, found_inf, inv_scale, nullptr);
+}
+
+void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
+                                   std::vector<uint8_t>& non_finite_per_tensor) {
+  non_finite_per_tensor.assign(scaled_grads.size(), 0);
+  unscale_and_find_non_finite_(scaled_grads, found_inf, inv_scale, &non_finite_per_tensor);
 }
 
 bool has_non_finite(at::TensorList tensors) {

@@ -80,6 +80,8 @@ autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enab
   if (enabled) check_dtype(dtype);
   if (device_type == c10::DeviceType::CPU) {
     if (enabled) precision::detail::ensure_kernels_installed();
+    if (enabled && dtype == c10::ScalarType::Half && options.fp16_op_lists() == Fp16OpLists::kCuda)
+      precision::detail::ensure_cuda_list_kernels_installed();
     auto& region = precision::detail::cpu_region();
     saved_.libtorch_enabled = precision::compat::autocast_enabled(c10::DeviceType::CPU);
     saved_.libtorch_dtype = precision::compat::autocast_dtype(c10::DeviceType::CPU);
@@ -88,6 +90,7 @@ autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enab
     saved_.dtype = region.dtype;
     saved_.bf16_compute = region.bf16_compute;
     saved_.allow_banned = region.allow_banned;
+    saved_.fp16_op_lists = region.fp16_op_lists;
 
     precision::compat::set_autocast_enabled(c10::DeviceType::CPU, enabled);
     if (enabled) {
@@ -99,6 +102,7 @@ autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enab
       region.bf16_compute =
           options.bf16_compute() == Bf16Compute::kAutomatic ? default_bf16_compute() : options.bf16_compute();
       region.allow_banned = options.allow_banned();
+      region.fp16_op_lists = options.fp16_op_lists();
     } else {
       region.active = false;
     }
@@ -145,6 +149,7 @@ autocast::~autocast() {
     region.dtype = saved_.dtype;
     region.bf16_compute = saved_.bf16_compute;
     region.allow_banned = saved_.allow_banned;
+    region.fp16_op_lists = saved_.fp16_op_lists;
     return;
   }
 #if AMPP_HAS_CUDA

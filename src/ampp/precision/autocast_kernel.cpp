@@ -126,15 +126,16 @@ bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::Disp
     out = stored_operand_linear(args[0].toTensor(), args[1].toTensor(), opt_tensor(args[2]), compute);
   } else if ((key == "conv1d" || key == "conv2d" || key == "conv3d") && eligible_arg(0) && eligible_arg(1)) {
     out = conv_stored_operands(&args[0], compute);
+  } else if (key == "matmul" && args[1].isTensor() && args[1].toTensor().dim() == 1) {
+    // A 1-D second operand decomposes into mv or dot, which are not lower-precision ops on CPU (and
+    // need one dtype): compute in fp32 and store the result in bf16, PyTorch's dtype for matmul.
+    map_tensors(*stack, n, [](const at::Tensor& t) { return t.to(at::kFloat); });
+    call_without_autocast(op, stack);
+    map_tensors(*stack, 1, [](const at::Tensor& t) { return t.to(at::kBFloat16); });
+    return true;
   } else if (key == "matmul") {
-    const bool any_eligible = eligible_arg(0) || eligible_arg(1);
     // A composite op: let it decompose, with autocast still on, into the mm/bmm handled above.
     op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastCPU), stack);
-    // A 1-D second operand decomposes into mv or dot, which are not lower-precision ops on CPU and so
-    // compute and return float32; PyTorch casts matmul's inputs to bf16 first and returns bf16. The
-    // dtype must be PyTorch's: store the fp32 result in bf16, as every lowered op does.
-    at::Tensor result = stack->back().toTensor();
-    if (any_eligible && result.scalar_type() == at::kFloat) stack->back() = result.to(at::kBFloat16);
     return true;
   } else if (compute == at::kBFloat16) {
     return false;
@@ -159,7 +160,12 @@ void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
   const size_t n = op.schema().arguments().size();
   const std::string key = policy_key(op.operator_name());
 
-  CastPolicy policy = lookup_policy(op.operator_name(), c10::DeviceType::CPU);
+  CastPolicy policy = fp16 && region.active && region.fp16_op_lists == Fp16OpLists::kCuda
+                          ? lookup_emulated_cuda_policy(op.operator_name())
+                          : lookup_policy(op.operator_name(), c10::DeviceType::CPU);
+  // The CUDA lists' dtype policies: under emulation the fp16 values travel in float32 carriers, so
+  // computing in float32 (with the dtype argument left alone) gives the same float32 result.
+  if (policy == CastPolicy::kFp32SetOptDtype || policy == CastPolicy::kFp32AppendDtype) policy = CastPolicy::kFp32;
   if (policy == CastPolicy::kBanned) {
     if (fp16 && !region.allow_banned) banned_error(key);
     policy = CastPolicy::kFp32;  // bf16 (PyTorch's CPU behaviour) or allow_banned
@@ -204,6 +210,7 @@ struct Installed {
   std::mutex mutex;
   std::unique_ptr<torch::Library> library;
   std::set<std::string> ops;
+  bool cuda_lists = false;  // the CUDA table's ops are registered too (fp16 emulation)
 
   void add(const std::string& key) {
     if (!ops.insert(key).second) return;
@@ -237,6 +244,18 @@ void ensure_kernels_installed() {
   install_locked(inst);
 }
 
+void ensure_cuda_list_kernels_installed() {
+  auto& inst = installed();
+  std::lock_guard<std::mutex> lock(inst.mutex);
+  install_locked(inst);
+  if (inst.cuda_lists) return;
+  QuietOverrides quiet(&is_override_warning);
+  // Ops outside the CPU table (exp, sum, mv, ...) then pass through ampp's kernel in bf16 regions too,
+  // where their CPU policy is none: so this waits for the first fp16 region that needs it.
+  for (const auto& key : cuda_table_ops()) inst.add(key);
+  inst.cuda_lists = true;
+}
+
 void install_kernel_for(const std::string& key, c10::DeviceType device_type) {
   TORCH_CHECK(device_type == c10::DeviceType::CPU,
               "ampp: op policies can only be changed for torch::kCPU in this build (LibTorch without CUDA); "
@@ -257,6 +276,7 @@ void uninstall_autocast_kernels() {
   std::lock_guard<std::mutex> lock(inst.mutex);
   inst.library.reset();  // deregisters: LibTorch's kernels are in force again
   inst.ops.clear();
+  inst.cuda_lists = false;
 }
 
 bool autocast_kernels_installed() {

@@ -20,6 +20,7 @@ struct CpuRegion {
   c10::ScalarType dtype = c10::ScalarType::BFloat16;
   Bf16Compute bf16_compute = Bf16Compute::kNative;
   bool allow_banned = false;
+  Fp16OpLists fp16_op_lists = Fp16OpLists::kCuda;
 };
 CpuRegion& cpu_region();
 
@@ -27,6 +28,10 @@ CpuRegion& cpu_region();
 std::string policy_key(const c10::OperatorName& name);
 std::string normalize_op_name(const std::string& op);  // strips "aten::"
 CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_type);
+// fp16 emulation following the CUDA lists: a user's CPU registration if there is one, else the CUDA table.
+CastPolicy lookup_emulated_cuda_policy(const c10::OperatorName& name);
+// Keys of the CUDA table (the ops the fp16 emulation needs ampp's kernel on, AutocastCPU).
+std::vector<std::string> cuda_table_ops();
 // Keys of the ops LibTorch registers on AutocastCPU (its own CPU list), read before ampp's install.
 const std::set<std::string>& libtorch_cpu_autocast_ops();
 // Keys of the default CPU table (the ops whose AutocastCPU kernels ampp replaces).
@@ -34,6 +39,8 @@ std::vector<std::string> installed_cpu_ops();
 
 // Registers ampp's kernel on the AutocastCPU key for every listed op (lazily, once).
 void ensure_kernels_installed();
+// The same for the CUDA table's ops, which fp16 emulation follows (lazily, at the first such region).
+void ensure_cuda_list_kernels_installed();
 // Registers the kernel for one more op (user registration); no-op if already there.
 void install_kernel_for(const std::string& key, c10::DeviceType device_type);
 

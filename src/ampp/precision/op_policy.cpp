@@ -107,9 +107,11 @@ Table default_table(c10::DeviceType device_type) {
     fill(t, kCudaFp32AppendDtype, CastPolicy::kFp32AppendDtype);
     fill(t, kCudaPromote, CastPolicy::kPromote);
     fill(t, kCudaBanned, CastPolicy::kBanned);
-    // No CUDA registrations to read in a CPU build: drop ops this LibTorch no longer has (2.x
-    // removed the named-tensor overloads such as "sum.dim_DimnameList").
-    for (auto it = t.begin(); it != t.end();) it = has_schema(it->first) ? std::next(it) : t.erase(it);
+    for (const auto& [key, policy] : precision::compat::cuda_policy_changes()) t[key] = policy;
+    // Drop removals and ops this LibTorch does not have (a test checks the result against LibTorch's
+    // AutocastCUDA registrations, which a CPU build has too).
+    for (auto it = t.begin(); it != t.end();)
+      it = it->second != CastPolicy::kNone && has_schema(it->first) ? std::next(it) : t.erase(it);
   }
   return t;
 }
@@ -124,6 +126,8 @@ struct Registry {
   std::shared_mutex mutex;
   Table cpu = default_table(c10::DeviceType::CPU);
   Table cuda = default_table(c10::DeviceType::CUDA);
+  Table cpu_user;  // CPU registrations made through register_op_policy (kNone included): they win
+                   // over the CUDA table in fp16 regions that follow the CUDA lists
   Table& of(c10::DeviceType d) { return d == c10::DeviceType::CPU ? cpu : cuda; }
 };
 
@@ -204,6 +208,7 @@ void register_op_policy(const std::string& op, CastPolicy policy, c10::DeviceTyp
   if (policy != CastPolicy::kNone) precision::detail::install_kernel_for(key, device_type);
   auto& r = registry();
   std::unique_lock<std::shared_mutex> lock(r.mutex);
+  if (device_type == c10::DeviceType::CPU) r.cpu_user[key] = policy;
   if (policy == CastPolicy::kNone)
     r.of(device_type).erase(key);
   else
@@ -225,6 +230,7 @@ void reset_op_policies(c10::DeviceType device_type) {
   auto& r = registry();
   std::unique_lock<std::shared_mutex> lock(r.mutex);
   r.of(device_type) = default_table(device_type);
+  if (device_type == c10::DeviceType::CPU) r.cpu_user.clear();
 }
 
 namespace precision::detail {
@@ -249,6 +255,22 @@ CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_t
   const auto& t = r.of(device_type);
   auto it = t.find(key);
   return it == t.end() ? CastPolicy::kNone : it->second;
+}
+
+CastPolicy lookup_emulated_cuda_policy(const c10::OperatorName& name) {
+  const std::string key = policy_key(name);
+  auto& r = registry();
+  std::shared_lock<std::shared_mutex> lock(r.mutex);
+  auto user = r.cpu_user.find(key);
+  if (user != r.cpu_user.end()) return user->second;
+  auto it = r.cuda.find(key);
+  return it == r.cuda.end() ? CastPolicy::kNone : it->second;
+}
+
+std::vector<std::string> cuda_table_ops() {
+  std::vector<std::string> out;
+  for (auto& [k, p] : default_table(c10::DeviceType::CUDA)) out.push_back(k);
+  return out;
 }
 
 const std::set<std::string>& libtorch_cpu_autocast_ops() {

@@ -67,6 +67,50 @@ inline std::vector<std::pair<const char*, CastPolicy>> cpu_policy_changes() {
           {"_addmm_activation", lower},
           {"mkldnn_rnn_layer", lower}};
 #else
+  // 1.13 registers cat as a promote op, yet its cat behaves as ordinary type promotion (fp16 + bf16
+  // gives float32, fp16 + fp16 in a bf16 region stays fp16) where 2.x, and 1.13's own stack and
+  // index_copy, raise. Observed with Debian's python3-torch 1.13; the oracle test checks it.
+  return {{"cat", CastPolicy::kNone}};
+#endif
+}
+
+// CUDA autocast ops whose policy differs from 1.13's CUDA lists (op_policy.cpp) in the LibTorch built
+// against (2.13's AT_FORALL_* lists in ATen/autocast_mode.h): fp16 emulation on CPU follows these.
+// Ops a LibTorch does not have are dropped from the table (op_policy.cpp), so each 2.x gets its subset.
+inline std::vector<std::pair<const char*, CastPolicy>> cuda_policy_changes() {
+#if AMPP_TORCH_AT_LEAST(2, 0)
+  const auto lower = CastPolicy::kLowerPrecision, fp32 = CastPolicy::kFp32;
+  const auto set_opt_dtype = CastPolicy::kFp32SetOptDtype;
+  return {{"linalg_vecdot", lower},
+          {"scaled_dot_product_attention", lower},
+          {"_scaled_dot_product_flash_attention", lower},
+          {"rms_norm", fp32},
+          {"upsample_nearest1d", fp32},
+          {"_upsample_nearest_exact1d", fp32},
+          {"upsample_nearest2d", fp32},
+          {"_upsample_nearest_exact2d", fp32},
+          {"upsample_nearest3d", fp32},
+          {"_upsample_nearest_exact3d", fp32},
+          {"upsample_linear1d", fp32},
+          {"upsample_bilinear2d", fp32},
+          {"_upsample_bilinear2d_aa", fp32},
+          {"upsample_trilinear3d", fp32},
+          {"upsample_bicubic2d", fp32},
+          {"_upsample_bicubic2d_aa", fp32},
+          {"linalg_vector_norm", set_opt_dtype},
+          {"linalg_matrix_norm", set_opt_dtype},
+          {"linalg_matrix_norm.str_ord", set_opt_dtype},
+          {"vdot", CastPolicy::kPromote},
+          // 2.x lists these overloads no more (named-tensor variants, the norm names overload).
+          {"softmax.Dimname", CastPolicy::kNone},
+          {"log_softmax.Dimname", CastPolicy::kNone},
+          {"prod.dim_Dimname", CastPolicy::kNone},
+          {"cumprod.dimname", CastPolicy::kNone},
+          {"cumsum.dimname", CastPolicy::kNone},
+          {"sum.dim_DimnameList", CastPolicy::kNone},
+          {"norm.names_ScalarOpt_dim", CastPolicy::kNone},
+          {"frobenius_norm", CastPolicy::kNone}};
+#else
   return {};
 #endif
 }

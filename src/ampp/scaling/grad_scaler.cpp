@@ -82,6 +82,8 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   hysteresis_tracker_ = other.hysteresis_tracker_;
   min_scale_overflows_ = other.min_scale_overflows_;
   consecutive_overflows_ = other.consecutive_overflows_;
+  overflowed_params_ = other.overflowed_params_;  // the same parameters (not copies of them)
+  iteration_closed_ = other.iteration_closed_;
   return *this;
 }
 
@@ -131,30 +133,21 @@ std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& o
   return out;
 }
 
-void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
-  if (!is_enabled()) return;
-  check_scale_growth_tracker("unscale_");
-  PerOptimizerState& st = state_of(optimizer);
-  TORCH_CHECK(st.stage != OptState::kUnscaled,
-              "unscale_() has already been called on this optimizer since the last update(). "
-              "Call unscale_(optimizer) at most once per iteration, before step(optimizer) and update().");
-  TORCH_CHECK(st.stage != OptState::kStepped,
-              "unscale_() is being called after step(). "
-              "Call unscale_(optimizer) before step(optimizer) (step() unscales by itself when needed).");
+namespace {
 
-  // Reciprocal in double on purpose (as PyTorch): 1/scale is exact for powers of two either way, and
-  // closer for others.
-  const torch::Tensor inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  const torch::Tensor found_inf = torch::zeros({}, scale_.options());
+// An optimizer's gradients on one device, and the parameters they belong to.
+struct DeviceGrads {
+  std::vector<torch::Tensor> grads, params;
+};
 
-  // Group the grads by device (the CPU kernel takes mixed dtypes in one pass); every device gets its
-  // own found_inf, as PyTorch's _MultiDeviceReplicator does.
-  std::map<std::string, std::vector<torch::Tensor>> per_device;
+// Groups the grads by device (the CPU kernel takes mixed dtypes in one pass).
+std::map<std::string, DeviceGrads> grads_by_device(torch::optim::Optimizer& optimizer, bool allow_fp16_grads) {
+  std::map<std::string, DeviceGrads> per_device;
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
       if (!param.grad().defined()) continue;
       torch::Tensor grad = param.grad();
-      TORCH_CHECK(options_.allow_fp16_grads() || grad.scalar_type() != torch::kHalf,
+      TORCH_CHECK(allow_fp16_grads || grad.scalar_type() != torch::kHalf,
                   "Attempting to unscale FP16 gradients. Keep the parameters (master weights) in fp32 and let "
                   "autocast run ops in fp16, or set GradScalerOptions().allow_fp16_grads(true) for pure-fp16 "
                   "training.");
@@ -166,16 +159,44 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
         }
         grad = grad._values();
       }
-      per_device[grad.device().str()].push_back(grad);
+      auto& d = per_device[grad.device().str()];
+      d.grads.push_back(grad);
+      d.params.push_back(param);
     }
   }
+  return per_device;
+}
 
+}  // namespace
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!is_enabled()) return;
+  check_scale_growth_tracker("unscale_");
+  PerOptimizerState& st = state_of(optimizer);
+  TORCH_CHECK(st.stage != OptState::kUnscaled,
+              "unscale_() has already been called on this optimizer since the last update(). "
+              "Call unscale_(optimizer) at most once per iteration, before step(optimizer) and update().");
+  TORCH_CHECK(st.stage != OptState::kStepped,
+              "unscale_() is being called after step(). "
+              "Call unscale_(optimizer) before step(optimizer) (step() unscales by itself when needed).");
+  if (iteration_closed_) overflowed_params_.clear();  // the first unscale_ of a new iteration
+  iteration_closed_ = false;
+
+  // Reciprocal in double on purpose (as PyTorch): 1/scale is exact for powers of two either way, and
+  // closer for others.
+  const torch::Tensor inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  const torch::Tensor found_inf = torch::zeros({}, scale_.options());
+
+  // Every device gets its own found_inf, as PyTorch's _MultiDeviceReplicator does.
   st.found_inf_per_device.clear();
-  for (auto& [dev, grads] : per_device) {
+  std::vector<uint8_t> non_finite;
+  for (auto& [dev, d] : grads_by_device(optimizer, options_.allow_fp16_grads())) {
     const torch::Device device(dev);
     torch::Tensor f = device == scale_.device() ? found_inf.clone() : found_inf.to(device, false, true);
     const torch::Tensor inv = device == scale_.device() ? inv_scale : inv_scale.to(device);
-    numerics::non_finite_check_and_unscale_(grads, f, inv);
+    numerics::non_finite_check_and_unscale_(d.grads, f, inv, non_finite);
+    for (size_t i = 0; i < non_finite.size(); ++i)
+      if (non_finite[i]) overflowed_params_.push_back(d.params[i]);
     st.found_inf_per_device.emplace(dev, f);
   }
 
@@ -189,6 +210,19 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     st.found_inf_per_device.emplace(scale_.device().str(), combined);
   }
   st.stage = OptState::kUnscaled;
+}
+
+std::vector<std::string> overflowed_parameter_names(const GradScaler& scaler, const torch::nn::Module& module) {
+  std::vector<std::string> names;
+  for (const auto& param : scaler.overflowed_params()) {
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      if (item.value().unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) {
+        names.push_back(item.key());
+        break;
+      }
+    }
+  }
+  return names;
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure) {
@@ -247,6 +281,7 @@ void GradScaler::update() {
               "for at least one optimizer whose parameters have gradients before update().");
   // Reset now: whatever happens below (including the min-scale error), the next iteration starts clean.
   per_optimizer_states_.clear();
+  iteration_closed_ = true;  // overflowed_params() stays readable until the next unscale_
   torch::Tensor found_inf_combined = found_infs[0].clone();
   for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined += found_infs[i];
 

@@ -19,16 +19,18 @@ namespace fs = std::filesystem;
 namespace ampp::train {
 
 nlohmann::json to_json(const StepRecord& r) {
-  return {{"type", "step"},
-          {"epoch", r.epoch},
-          {"step", r.step},
-          {"loss", r.loss},
-          {"loss_scale", r.loss_scale},
-          {"skipped", r.skipped},
-          {"skipped_total", r.skipped_total},
-          {"lr", r.lr},
-          {"images_per_sec", r.images_per_sec},
-          {"elapsed", r.elapsed}};
+  nlohmann::json j = {{"type", "step"},
+                      {"epoch", r.epoch},
+                      {"step", r.step},
+                      {"loss", r.loss},
+                      {"loss_scale", r.loss_scale},
+                      {"skipped", r.skipped},
+                      {"skipped_total", r.skipped_total},
+                      {"lr", r.lr},
+                      {"images_per_sec", r.images_per_sec},
+                      {"elapsed", r.elapsed}};
+  if (r.skipped) j["overflowed"] = r.overflowed;
+  return j;
 }
 
 nlohmann::json to_json(const EpochRecord& r) {

@@ -35,6 +35,8 @@ void validate_optimization(const TrainOptions& o) {
   TORCH_CHECK(o.lr_step() >= 0, "TrainOptions::lr_step must be 0 (constant lr) or a positive number of epochs, got ",
               o.lr_step());
   TORCH_CHECK(o.lr_gamma() > 0 && o.lr_gamma() <= 1, "TrainOptions::lr_gamma must be in (0, 1], got ", o.lr_gamma());
+  TORCH_CHECK(o.warmup_steps() >= 0, "TrainOptions::warmup_steps must be 0 (off) or a positive number of steps, got ",
+              o.warmup_steps());
   TORCH_CHECK(o.max_consecutive_skips() >= 0,
               "TrainOptions::max_consecutive_skips must be 0 (never stop) or a positive number of steps, got ",
               o.max_consecutive_skips());

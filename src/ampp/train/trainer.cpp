@@ -19,7 +19,6 @@
 #include <ampp/util/threads.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/optim/schedulers/step_lr.h>
 #include <unistd.h>
 
 #include "buffer_guard.h"
@@ -162,7 +161,6 @@ struct Run {
         checkpoint(o.checkpoint_dir().empty() ? "" : checkpoint_path(o)) {
     TORCH_CHECK(per_rank_batch >= 1, "TrainOptions::batch_size ", o.batch_size(),
                 " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
-    if (o.lr_step() > 0) scheduler.emplace(optimizer, static_cast<unsigned>(o.lr_step()), o.lr_gamma());
   }
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
@@ -183,7 +181,6 @@ struct Run {
   Amp amp;
   detail::BufferGuard buffer_guard;
   dist::DistributedSampler sampler;
-  std::optional<torch::optim::StepLR> scheduler;
   std::optional<Ddp> ddp;
   std::string checkpoint;  // "" = no checkpoints
   RunPosition position;    // epoch/batch to start from; elapsed = seconds before this process
@@ -200,6 +197,7 @@ struct Run {
   int64_t skips_in_a_row = 0;
   double last_finite_loss = std::numeric_limits<double>::quiet_NaN();
   int64_t last_finite_loss_step = 0;
+  std::vector<std::string> last_overflowed;  // the parameters of the latest skipped step
 };
 
 // ---- small helpers ----
@@ -211,6 +209,7 @@ std::string fingerprint(const TrainOptions& o, int world, bool with_loss_scale =
                               o.data().empty() ? "fashion-mnist" : o.data(), to_string(o.opt_level()),
                               c10::toString(o.dtype()), o.batch_size(), world, o.seed());
   if (with_loss_scale) f += " loss_scale=" + amp_properties(o).loss_scale().to_string();
+  if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
   return f;
 }
 
@@ -228,6 +227,25 @@ std::string precision_label(const TrainOptions& o, const Amp& amp) {
 double current_lr(torch::optim::Optimizer& opt) {
   return static_cast<torch::optim::SGDOptions&>(opt.param_groups().front().options()).lr();
 }
+
+// The learning rate of a step in `epoch` after `steps_taken` optimizer steps (skipped ones excluded).
+// A function of the two counts, both in the checkpoint, so a resumed run gets the same schedule bit
+// for bit. The decay is LibTorch's StepLR stepped once per epoch (lr * gamma, multiplied in turn; its
+// first decay applies to epoch lr_step + 1, one epoch later than PyTorch's StepLR); warmup scales it.
+double scheduled_lr(const TrainOptions& o, int64_t epoch, int64_t steps_taken) {
+  double lr = o.lr();
+  for (int64_t e = 1; o.lr_step() > 0 && e < epoch; ++e)
+    if (e % o.lr_step() == 0) lr = o.lr_gamma() * lr;
+  if (steps_taken < o.warmup_steps())
+    lr *= static_cast<double>(steps_taken + 1) / static_cast<double>(o.warmup_steps());
+  return lr;
+}
+
+void set_lr(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+}
+
+int64_t steps_taken(const RunPosition& p) { return p.global_step - p.skipped_total; }
 
 bool reached_step_limit(const Run& run) { return run.o.steps() > 0 && run.position.global_step >= run.o.steps(); }
 
@@ -260,11 +278,7 @@ void resume(Run& run) {
   TORCH_CHECK(same_run(saved.position().fingerprint, run.o, run.workers.world), "checkpoint '", run.checkpoint,
               "' belongs to a different run (", saved.position().fingerprint, ") than this one (", expected,
               "); use the same options to resume, or another TrainOptions::checkpoint_dir to start afresh");
-  // StepLR keeps its count privately: replay the finished epochs, then the saved optimizer state
-  // (which holds the same lr) overrides whatever the replay set.
-  if (run.scheduler)
-    for (int64_t e = 0; e < saved.position().epoch; ++e) run.scheduler->step();
-  saved.restore(run.objects());
+  saved.restore(run.objects());  // the lr follows from the position (scheduled_lr)
   run.position = saved.position();
   run.sums = run.workers.leader() ? run.position.epoch_sums : EpochSums{};  // global totals live on rank 0
   run.resumed = true;
@@ -352,8 +366,18 @@ BatchIterator epoch_batches(Run& run, int64_t epoch) {
 struct StepResult {
   torch::Tensor logits;
   double loss = 0;
-  bool stepped = false;  // false: skipped after an overflow
+  bool stepped = false;                 // false: skipped after an overflow
+  std::vector<std::string> overflowed;  // skipped: the parameters whose gradients were inf/NaN
 };
+
+// Module paths of the parameters whose gradients hold inf/NaN. Only after a skipped step (one pass
+// over the gradients): the model's own gradients at every opt level (O2's masters are copies).
+std::vector<std::string> non_finite_gradient_names(const torch::nn::Module& model) {
+  std::vector<std::string> names;
+  for (const auto& p : model.named_parameters())
+    if (p.value().grad().defined() && numerics::has_non_finite({p.value().grad()})) names.push_back(p.key());
+  return names;
+}
 
 std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> grads;
@@ -383,11 +407,14 @@ StepResult train_step(Run& run, const Batch& batch) {
   // weight: skip the step as the scaler would (check_divergence counts it). With DDP the gradients
   // are already averaged, so every rank decides alike.
   const bool may_step = amp.checks_overflow() || !numerics::has_non_finite(gradients_of(amp.master_params()));
+  // Where it overflowed, read before step(), which drops the gradients of a skipped step (as apex).
+  const bool skips = !may_step || amp.step_will_skip();
+  std::vector<std::string> overflowed = skips ? non_finite_gradient_names(*run.model) : std::vector<std::string>{};
   if (may_step && run.o.clip_grad_norm() > 0)
     torch::nn::utils::clip_grad_norm_(amp.master_params(), run.o.clip_grad_norm());
   const bool stepped = may_step && amp.step();
   run.buffer_guard.restore_if_non_finite();  // also after a taken step: x*x can overflow while x did not
-  return {logits, loss.item<double>(), stepped};
+  return {logits, loss.item<double>(), stepped, std::move(overflowed)};
 }
 
 void count_step(Run& run, const StepResult& step, const Batch& batch) {
@@ -408,11 +435,22 @@ void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per
   r.loss = step.loss;
   r.loss_scale = run.amp.loss_scale();
   r.skipped = !step.stepped;
+  r.overflowed = step.overflowed;
   r.skipped_total = run.position.skipped_total;
   r.lr = current_lr(run.optimizer);
   r.images_per_sec = images_per_sec;
   r.elapsed = run.elapsed();
   run.metrics->write(r);
+}
+
+// "the last of them had inf/NaN gradients in fc1.weight, fc1.bias and 4 more".
+std::string where_it_overflowed(const std::vector<std::string>& names) {
+  if (names.empty()) return "no parameter gradient of the last one was non-finite on this rank";
+  const size_t shown = std::min<size_t>(names.size(), 3);
+  std::string list =
+      fmt::format("{}", fmt::join(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown), ", "));
+  if (names.size() > shown) list += fmt::format(" and {} more", names.size() - shown);
+  return "the last of them had inf/NaN gradients in " + list;
 }
 
 // What to try, from what the run was doing when its gradients stayed non-finite.
@@ -442,6 +480,7 @@ void check_divergence(Run& run, const StepResult& step) {
     run.last_finite_loss_step = run.position.global_step;
   }
   run.skips_in_a_row = step.stepped ? 0 : run.skips_in_a_row + 1;
+  if (!step.stepped) run.last_overflowed = step.overflowed;
   const int64_t limit = run.o.max_consecutive_skips();
   if (limit == 0 || run.skips_in_a_row < limit) return;
   const int64_t last = run.position.global_step, first = last - run.skips_in_a_row + 1;
@@ -451,8 +490,8 @@ void check_divergence(Run& run, const StepResult& step) {
           : fmt::format("the last finite loss was {:.6g} at step {}", run.last_finite_loss, run.last_finite_loss_step);
   const std::string message = fmt::format(
       "the run diverged: steps {} to {} ({} in a row, TrainOptions::max_consecutive_skips) had inf/NaN gradients and "
-      "were skipped (no step was taken on them); {}. Likely fix: {}. model.pt was not written",
-      first, last, run.skips_in_a_row, loss, divergence_hint(run));
+      "were skipped (no step was taken on them); {}; {}. Likely fix: {}. model.pt was not written",
+      first, last, run.skips_in_a_row, loss, where_it_overflowed(run.last_overflowed), divergence_hint(run));
   if (run.metrics)
     run.metrics->write_line({{"type", "error"}, {"cause", "diverged"}, {"step", last}, {"message", message}});
   TORCH_CHECK(false, message);
@@ -465,6 +504,7 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
   const int64_t images_per_step = run.per_rank_batch * run.workers.world;
   Throughput meter;
   while (auto batch = batches.next()) {
+    set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
     const StepResult step = train_step(run, *batch);
     count_step(run, step, *batch);
     dist::report_progress(run.position.global_step);
@@ -489,9 +529,9 @@ struct EpochStart {
   int64_t global_step = 0;
 };
 
-// A finished epoch: StepLR, the epoch record and progress line, the epoch-end checkpoint.
+// A finished epoch: the next epoch's lr, the epoch record and progress line, the epoch-end checkpoint.
 void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStart& start, ProgressBar* bar) {
-  if (run.scheduler) run.scheduler->step();
+  set_lr(run.optimizer, scheduled_lr(run.o, epoch + 1, steps_taken(run.position)));
   run.epochs_done = epoch + 1;
   const double seconds = std::chrono::duration<double>(Clock::now() - start.time).count();
   const double train_accuracy = 100.0 * totals.correct / std::max(totals.seen, 1.0);
