@@ -17,6 +17,7 @@
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/kernels.h>
+#include <ampp/precision/nonfinite_locator.h>
 #include <ampp/precision/rounding.h>
 
 // scaling: ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis)

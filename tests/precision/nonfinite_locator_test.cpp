@@ -1,0 +1,64 @@
+// The numerics doctor's forward locator: the first op whose output became inf/NaN from finite inputs.
+
+#include "precision/test_util.h"
+
+#include <ampp/precision/autocast.h>
+#include <ampp/precision/nonfinite_locator.h>
+
+#include <ATen/record_function.h>
+
+namespace {
+
+using NonFiniteLocator = ampp_test::OneThread;
+using ::testing::HasSubstr;
+
+TEST_F(NonFiniteLocator, NamesTheOpWhereInfWasBornNotWhereItWasCarried) {
+  std::optional<ampp::NonFiniteOrigin> origin;
+  {
+    ampp::NonFiniteLocator locate;
+    const auto x = torch::tensor({1.0f, 100.0f});
+    const auto y = torch::exp(x) * 2 + 1;  // e^100 overflows float32; mul and add only carry the inf
+    EXPECT_TRUE(torch::isinf(y[1]).item<bool>());
+    origin = locate.first();
+    EXPECT_GE(locate.ops_seen(), 3);
+  }
+  ASSERT_TRUE(origin.has_value());
+  ASSERT_FALSE(origin->ops.empty());
+  EXPECT_EQ(origin->ops.back(), "aten::exp");
+  ASSERT_EQ(origin->inputs.size(), 1u);
+  EXPECT_THAT(origin->inputs[0], HasSubstr("in [1, 100]"));
+  EXPECT_THAT(origin->output, HasSubstr("1 inf, 0 NaN of 2"));
+  EXPECT_THAT(origin->describe(), HasSubstr("aten::exp"));
+  EXPECT_FALSE(at::hasThreadLocalCallbacks()) << "the locator must leave nothing registered";
+}
+
+// Under fp16 emulation the GEMM is finite in float32; the rounding of its output to fp16 overflows
+// (80000 > 65504): the origin is inside the user's linear call.
+TEST_F(NonFiniteLocator, FindsTheFp16OverflowInsideALoweredOp) {
+  std::optional<ampp::NonFiniteOrigin> origin;
+  {
+    ampp::NonFiniteLocator locate;
+    ampp::autocast region(torch::kCPU, torch::kHalf);
+    const auto y = torch::linear(torch::full({1, 4}, 200.0), torch::full({3, 4}, 100.0));
+    EXPECT_TRUE(torch::isinf(y).all().item<bool>());
+    origin = locate.first();
+  }
+  ASSERT_TRUE(origin.has_value());
+  std::printf("%s\n", origin->describe().c_str());  // the line docs/numerics.md shows
+  EXPECT_EQ(origin->ops.front(), "aten::linear") << origin->describe();
+  EXPECT_THAT(origin->output, HasSubstr("3 inf, 0 NaN of 3"));
+  // The rounding of the float32 result into fp16 is where the inf is born; its source was finite.
+  EXPECT_EQ(origin->ops.back(), "aten::copy_") << origin->describe();
+  ASSERT_EQ(origin->inputs.size(), 1u) << origin->describe();
+  EXPECT_THAT(origin->inputs[0], HasSubstr("in [80000, 80000]"));
+}
+
+TEST_F(NonFiniteLocator, FindsNothingInAFiniteForwardAndIsOnePerThread) {
+  ampp::NonFiniteLocator locate;
+  const auto y = torch::softmax(torch::randn({4, 5}), 1).sum();
+  EXPECT_TRUE(std::isfinite(y.item<float>()));
+  EXPECT_FALSE(locate.first().has_value());
+  EXPECT_THROW(ampp::NonFiniteLocator second, c10::Error);
+}
+
+}  // namespace
