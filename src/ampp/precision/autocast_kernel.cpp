@@ -229,7 +229,7 @@ void install_locked(Installed& inst) {
   libtorch_cpu_autocast_ops();  // snapshot LibTorch's own list before ampp registers over it
   inst.library = std::make_unique<torch::Library>(
       torch::Library::IMPL, "aten", c10::make_optional(c10::DispatchKey::AutocastCPU), __FILE__, __LINE__);
-  for (const auto& key : installed_cpu_ops()) inst.add(key);
+  for (const auto& key : default_table_ops(c10::DeviceType::CPU)) inst.add(key);
   for (const auto& key : ops_with_policy(CastPolicy::kLowerPrecision)) inst.add(key);  // user additions
   for (const auto& key : ops_with_policy(CastPolicy::kFp32)) inst.add(key);
   for (const auto& key : ops_with_policy(CastPolicy::kPromote)) inst.add(key);
@@ -252,7 +252,7 @@ void ensure_cuda_list_kernels_installed() {
   QuietOverrides quiet(&is_override_warning);
   // Ops outside the CPU table (exp, sum, mv, ...) then pass through ampp's kernel in bf16 regions too,
   // where their CPU policy is none: so this waits for the first fp16 region that needs it.
-  for (const auto& key : cuda_table_ops()) inst.add(key);
+  for (const auto& key : default_table_ops(c10::DeviceType::CUDA)) inst.add(key);
   inst.cuda_lists = true;
 }
 

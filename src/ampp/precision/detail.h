@@ -28,14 +28,15 @@ CpuRegion& cpu_region();
 std::string policy_key(const c10::OperatorName& name);
 std::string normalize_op_name(const std::string& op);  // strips "aten::"
 CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_type);
+// The policy of a table key ("addmm", "conv2d.padding") in `device_type`'s table (kNone if unlisted).
+CastPolicy table_policy(const std::string& key, c10::DeviceType device_type);
 // fp16 emulation following the CUDA lists: a user's CPU registration if there is one, else the CUDA table.
 CastPolicy lookup_emulated_cuda_policy(const c10::OperatorName& name);
-// Keys of the CUDA table (the ops the fp16 emulation needs ampp's kernel on, AutocastCPU).
-std::vector<std::string> cuda_table_ops();
 // Keys of the ops LibTorch registers on AutocastCPU (its own CPU list), read before ampp's install.
 const std::set<std::string>& libtorch_cpu_autocast_ops();
-// Keys of the default CPU table (the ops whose AutocastCPU kernels ampp replaces).
-std::vector<std::string> installed_cpu_ops();
+// Keys of the default table of `device_type`: the ops ampp registers its kernel for on AutocastCPU
+// (the CPU table's replace LibTorch's kernels; the CUDA table's serve the fp16 emulation).
+std::vector<std::string> default_table_ops(c10::DeviceType device_type);
 
 // Registers ampp's kernel on the AutocastCPU key for every listed op (lazily, once).
 void ensure_kernels_installed();

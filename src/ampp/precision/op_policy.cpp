@@ -136,6 +136,11 @@ Registry& registry() {
   return r;
 }
 
+CastPolicy policy_in(const Table& t, const std::string& key) {
+  auto it = t.find(key);
+  return it == t.end() ? CastPolicy::kNone : it->second;
+}
+
 // Splits "name.overload" and checks that the op exists and can be autocast.
 c10::OperatorHandle find_op(const std::string& key) {
   const auto dot = key.find('.');
@@ -175,12 +180,7 @@ const char* to_string(CastPolicy policy) {
 
 CastPolicy policy_of(const std::string& op, c10::DeviceType device_type) {
   check_device(device_type);
-  const std::string key = precision::detail::normalize_op_name(op);
-  auto& r = registry();
-  std::shared_lock<std::shared_mutex> lock(r.mutex);
-  const auto& t = r.of(device_type);
-  auto it = t.find(key);
-  return it == t.end() ? CastPolicy::kNone : it->second;
+  return precision::detail::table_policy(precision::detail::normalize_op_name(op), device_type);
 }
 
 std::vector<std::string> ops_with_policy(CastPolicy policy, c10::DeviceType device_type) {
@@ -248,34 +248,26 @@ std::string policy_key(const c10::OperatorName& name) {
   return key;
 }
 
-CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_type) {
-  const std::string key = policy_key(name);
+CastPolicy table_policy(const std::string& key, c10::DeviceType device_type) {
   auto& r = registry();
   std::shared_lock<std::shared_mutex> lock(r.mutex);
-  const auto& t = r.of(device_type);
-  auto it = t.find(key);
-  return it == t.end() ? CastPolicy::kNone : it->second;
+  return policy_in(r.of(device_type), key);
+}
+
+CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_type) {
+  return table_policy(policy_key(name), device_type);
 }
 
 CastPolicy lookup_emulated_cuda_policy(const c10::OperatorName& name) {
   const std::string key = policy_key(name);
   auto& r = registry();
   std::shared_lock<std::shared_mutex> lock(r.mutex);
-  auto user = r.cpu_user.find(key);
-  if (user != r.cpu_user.end()) return user->second;
-  auto it = r.cuda.find(key);
-  return it == r.cuda.end() ? CastPolicy::kNone : it->second;
-}
-
-std::vector<std::string> cuda_table_ops() {
-  std::vector<std::string> out;
-  for (auto& [k, p] : default_table(c10::DeviceType::CUDA)) out.push_back(k);
-  return out;
+  return r.cpu_user.count(key) ? r.cpu_user.at(key) : policy_in(r.cuda, key);
 }
 
 const std::set<std::string>& libtorch_cpu_autocast_ops() {
   // Read once, on first use: that is before ampp registers its own kernels (install_locked asks
-  // for installed_cpu_ops() first), so the set is LibTorch's alone.
+  // for default_table_ops(CPU) first), so the set is LibTorch's alone.
   static const std::set<std::string> ops = [] {
     std::set<std::string> out;
     for (const auto& name : c10::Dispatcher::singleton().getRegistrationsForDispatchKey(c10::DispatchKey::AutocastCPU))
@@ -285,9 +277,9 @@ const std::set<std::string>& libtorch_cpu_autocast_ops() {
   return ops;
 }
 
-std::vector<std::string> installed_cpu_ops() {
+std::vector<std::string> default_table_ops(c10::DeviceType device_type) {
   std::vector<std::string> out;
-  for (auto& [k, p] : default_table(c10::DeviceType::CPU)) out.push_back(k);
+  for (auto& [k, p] : default_table(device_type)) out.push_back(k);
   return out;
 }
 

@@ -214,8 +214,9 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
 
 std::vector<std::string> overflowed_parameter_names(const GradScaler& scaler, const torch::nn::Module& module) {
   std::vector<std::string> names;
+  const auto named = module.named_parameters(/*recurse=*/true);  // built once, not per parameter
   for (const auto& param : scaler.overflowed_params()) {
-    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    for (const auto& item : named) {
       if (item.value().unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) {
         names.push_back(item.key());
         break;

@@ -373,9 +373,22 @@ struct StepResult {
 // Module paths of the parameters whose gradients hold inf/NaN. Only after a skipped step (one pass
 // over the gradients): the model's own gradients at every opt level (O2's masters are copies).
 std::vector<std::string> non_finite_gradient_names(const torch::nn::Module& model) {
+  std::vector<std::string> keys;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model.named_parameters()) {
+    if (!p.value().grad().defined()) continue;
+    keys.push_back(p.key());
+    grads.push_back(p.value().grad());
+  }
+  if (grads.empty()) return {};
+  // The fused pass with inv_scale 1 reads every gradient once and writes nothing; its per-tensor flags
+  // say which held inf/NaN.
+  auto found = torch::zeros({}, grads[0].options().dtype(torch::kFloat));
+  std::vector<uint8_t> flags;
+  numerics::non_finite_check_and_unscale_(grads, found, torch::ones({}, found.options()), flags);
   std::vector<std::string> names;
-  for (const auto& p : model.named_parameters())
-    if (p.value().grad().defined() && numerics::has_non_finite({p.value().grad()})) names.push_back(p.key());
+  for (size_t i = 0; i < flags.size(); ++i)
+    if (flags[i]) names.push_back(keys[i]);
   return names;
 }
 
