@@ -22,6 +22,7 @@
 
 // scaling: ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis)
 #include <ampp/scaling/grad_scaler.h>
+#include <ampp/scaling/gradient_ranges.h>
 
 // amp: ampp::initialize, OptLevel O0-O3, Properties, the Amp handle, FP32 master weights
 #include <ampp/amp/handle.h>
@@ -39,6 +40,7 @@
 #include <ampp/train/batches.h>
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
+#include <ampp/train/doctor.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
 #include <ampp/train/trainer.h>

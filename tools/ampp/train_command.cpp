@@ -21,6 +21,7 @@
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,6 +103,8 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
   ampp::cli::add_number(sub, "--log-every", o.log_every(),
                         "a metrics.jsonl step line every N steps (and for every skipped step)");
   sub.add_flag_callback("--no-plots", [&o] { o.plots(false); }, "do not run gnuplot");
+  sub.add_flag("--doctor", o.doctor(),
+               "numerics doctor: record gradient ranges every step, write doctor.json and doctor_gradients.png");
   sub.add_flag_callback("--quiet", [&o] { o.progress(false); }, "no progress output");
 }
 
@@ -142,15 +145,30 @@ int run(const TrainArgs& a) {
   return 0;
 }
 
+std::function<int()> add_train_flags(CLI::App& sub, std::shared_ptr<TrainArgs> a) {
+  add_run_flags(sub, *a);
+  add_precision_flags(sub, a->options);
+  add_optimization_flags(sub, a->options);
+  return [a] { return run(*a); };
+}
+
+const std::map<std::string, std::string> kRenamedFields = {{"progress", "--quiet"}, {"plots", "--no-plots"}};
+
 const bool registered = ampp::cli::register_command(
     {"train", "Train a model (Fashion-MNIST by default) with mixed precision and data-parallel workers",
-     [](CLI::App& sub) -> std::function<int()> {
+     [](CLI::App& sub) { return add_train_flags(sub, std::make_shared<TrainArgs>()); }, kRenamedFields});
+
+// `ampp doctor`: a short `ampp train` run with the numerics doctor on, which diagnoses instead of
+// stopping at a divergence. The defaults are set before the flags, so --help shows them.
+const bool registered_doctor = ampp::cli::register_command(
+    {"doctor",
+     "Run a few steps of an `ampp train` configuration and report the gradients' fp16/bf16 ranges "
+     "(doctor.json, doctor_gradients.png) with a recommendation",
+     [](CLI::App& sub) {
        auto a = std::make_shared<TrainArgs>();
-       add_run_flags(sub, *a);
-       add_precision_flags(sub, a->options);
-       add_optimization_flags(sub, a->options);
-       return [a] { return run(*a); };
+       a->options.doctor(true).steps(100).out("ampp-doctor-out").max_consecutive_skips(0);
+       return add_train_flags(sub, a);
      },
-     /*renamed_fields=*/{{"progress", "--quiet"}, {"plots", "--no-plots"}}});
+     kRenamedFields});
 
 }  // namespace

@@ -106,4 +106,11 @@ double peak_rss_mb();
 // throws with the gnuplot error if gnuplot is missing or fails.
 std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std::string& out_dir);
 
+// A gnuplot single-quoted string.
+std::string gnuplot_quoted(const std::string& s);
+
+// Runs gnuplot on `script`, which must write each of `pngs` as "<png>.tmp"; then moves them into place
+// (atomically: a reader never sees half a picture). Throws with gnuplot's message, or how to install it.
+void run_gnuplot(const std::string& script, const std::vector<std::string>& pngs);
+
 }  // namespace ampp::train

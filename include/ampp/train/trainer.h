@@ -71,6 +71,10 @@ struct TrainOptions {
   // A step record every log_every steps (and for every skipped step).
   TORCH_ARG(int64_t, log_every) = 10;
   TORCH_ARG(bool, plots) = true;
+  // The numerics doctor: rank 0 records every step's gradient exponents (a few passes over the
+  // gradients per step) and writes doctor.json and doctor_gradients.png into `out` at the end, or when
+  // the run diverges. See docs/numerics.md.
+  TORCH_ARG(bool, doctor) = false;
   // Progress output on rank 0 (false for quiet tests).
   TORCH_ARG(bool, progress) = true;
 };

@@ -219,12 +219,6 @@ double peak_rss_mb() {
 
 namespace {
 
-std::string quoted(const std::string& s) {  // a gnuplot single-quoted string
-  std::string out = "'";
-  for (char c : s) out += (c == '\'') ? std::string("''") : std::string(1, c);
-  return out + "'";
-}
-
 std::string shell_quoted(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
@@ -259,6 +253,23 @@ int64_t write_plot_data(const fs::path& data, const std::map<int64_t, nlohmann::
 
 }  // namespace
 
+std::string gnuplot_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+
+void run_gnuplot(const std::string& script, const std::vector<std::string>& pngs) {
+  const std::string err = script + ".err";
+  const int rc = std::system(fmt::format("gnuplot {} 2> {}", shell_quoted(script), shell_quoted(err)).c_str());
+  std::ifstream e(err);
+  const std::string err_text((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  TORCH_CHECK(rc == 0, "gnuplot failed (exit status ", rc, ")",
+              rc == 127 * 256 ? ": gnuplot is not installed; `sudo apt install gnuplot-nox`" : "",
+              err_text.empty() ? "" : ": " + err_text, " (script: ", script, ")");
+  for (const auto& png : pngs) commit_file(png + ".tmp", png);  // gnuplot wrote the .tmp names
+}
+
 std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std::string& out_dir) {
   // A resumed run may log a step or epoch twice (work redone after the last checkpoint):
   // keep the last record of each.
@@ -280,46 +291,38 @@ std::vector<std::string> write_plots(const std::string& metrics_jsonl, const std
      << "set grid\nset key inside box opaque\nset autoscale xfix\n";
   std::vector<std::string> written;
   if (!epochs.empty()) {
-    gp << "set output " << quoted(png_la.string() + ".tmp") << "\n"
+    gp << "set output " << gnuplot_quoted(png_la.string() + ".tmp") << "\n"
        << "set multiplot layout 1,2 title 'ampp train: loss and accuracy by epoch'\n"
        << "set xlabel 'epoch'\nset ylabel 'cross-entropy loss'\nset xtics 1\nset offsets graph 0.03, graph 0.03, graph "
           "0.1, graph 0.1\nset key top right\n"
-       << "plot " << quoted(d + "epochs.dat")
+       << "plot " << gnuplot_quoted(d + "epochs.dat")
        << " using 1:2 with linespoints lw 2 pt 7 title 'train', '' using 1:3 with linespoints lw 2 pt 5 title 'test'\n"
        << "set ylabel 'accuracy (%)'\nset key bottom right\n"
-       << "plot " << quoted(d + "epochs.dat")
+       << "plot " << gnuplot_quoted(d + "epochs.dat")
        << " using 1:4 with linespoints lw 2 pt 7 title 'train', '' using 1:5 with linespoints lw 2 pt 5 title 'test'\n"
        << "unset multiplot\nset xtics autofreq\nset offsets 0, 0, 0, 0\n";
     written.push_back(png_la.string());
   }
   if (!steps.empty()) {
-    gp << "set output " << quoted(png_sc.string() + ".tmp") << "\n"
+    gp << "set output " << gnuplot_quoted(png_sc.string() + ".tmp") << "\n"
        << "set title 'loss scale over steps (" << n_skipped << " skipped steps marked)'\n"
        << "set xlabel 'step'\nset ylabel 'loss scale'\nset logscale y 2\nset format y '2^{%L}'\nset key top right\n"
        << "set offsets graph 0.01, 0, graph 0.1, graph 0.1\n"
-       << "plot " << quoted(d + "steps.dat") << " using 1:2 with steps lw 2 title 'loss scale'"
+       << "plot " << gnuplot_quoted(d + "steps.dat") << " using 1:2 with steps lw 2 title 'loss scale'"
        << (n_skipped > 0
-               ? ", " + quoted(d + "skipped.dat") +
+               ? ", " + gnuplot_quoted(d + "skipped.dat") +
                      " using 1:2 with points pt 6 ps 1.5 lc rgb 'red' title 'skipped step (inf/NaN gradients)'"
                : "")
        << "\nunset logscale y\nset format y '%g'\nset offsets 0, 0, 0, 0\nset key bottom right\n"
-       << "set output " << quoted(png_tp.string() + ".tmp") << "\n"
+       << "set output " << gnuplot_quoted(png_tp.string() + ".tmp") << "\n"
        << "set title 'throughput over steps'\nset ylabel 'images / s (all workers)'\nset yrange [0:*]\n"
-       << "plot " << quoted(d + "steps.dat") << " using 1:3 with lines lw 1.5 title 'images/s'\n";
+       << "plot " << gnuplot_quoted(d + "steps.dat") << " using 1:3 with lines lw 1.5 title 'images/s'\n";
     written.push_back(png_sc.string());
     written.push_back(png_tp.string());
   }
   const fs::path script = data / "plots.gp";
   write_file_atomic(script.string(), gp.str());
-  const fs::path err = data / "gnuplot.err";
-  const int rc =
-      std::system(fmt::format("gnuplot {} 2> {}", shell_quoted(script.string()), shell_quoted(err.string())).c_str());
-  std::ifstream e(err);
-  const std::string err_text((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
-  TORCH_CHECK(rc == 0, "gnuplot failed (exit status ", rc, ")",
-              rc == 127 * 256 ? ": gnuplot is not installed; `sudo apt install gnuplot-nox`" : "",
-              err_text.empty() ? "" : ": " + err_text, " (script: ", script.string(), ")");
-  for (const auto& png : written) commit_file(png + ".tmp", png);  // gnuplot wrote the .tmp names
+  run_gnuplot(script.string(), written);
   return written;
 }
 

@@ -11,6 +11,7 @@
 #include <ampp/train/batches.h>
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
+#include <ampp/train/doctor.h>
 #include <ampp/train/models.h>
 #include <ampp/train/trainer.h>
 #include <ampp/util/atomic_file.h>
@@ -198,6 +199,7 @@ struct Run {
   double last_finite_loss = std::numeric_limits<double>::quiet_NaN();
   int64_t last_finite_loss_step = 0;
   std::vector<std::string> last_overflowed;  // the parameters of the latest skipped step
+  std::optional<GradientRanges> ranges;      // the numerics doctor's report (TrainOptions::doctor, rank 0)
 };
 
 // ---- small helpers ----
@@ -399,6 +401,16 @@ std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& params
   return grads;
 }
 
+// The gradients the optimizer steps (O2: the masters'), by the model's parameter names.
+std::vector<std::pair<std::string, torch::Tensor>> named_master_gradients(const Run& run) {
+  const auto named = run.model->named_parameters();
+  const auto masters = run.amp.master_params();
+  TORCH_INTERNAL_ASSERT(named.size() == masters.size(), "one master per model parameter");
+  std::vector<std::pair<std::string, torch::Tensor>> gradients;
+  for (size_t i = 0; i < masters.size(); ++i) gradients.emplace_back(named[i].key(), masters[i].grad());
+  return gradients;
+}
+
 // Testing aid: an inf loss on this rank at the steps AMPP_TRAIN_TEST_INF_AT names.
 torch::Tensor maybe_inject_inf(const Run& run, const torch::Tensor& loss) {
   const int64_t step = run.position.global_step + 1;
@@ -415,7 +427,9 @@ StepResult train_step(Run& run, const Batch& batch) {
   torch::Tensor logits = run.ddp ? amp.forward(*run.ddp, batch.data) : amp.forward(run.model, batch.data);
   logits = logits.to(torch::kFloat32);
   auto loss = torch::nn::functional::cross_entropy(logits, batch.target);
-  amp.scale_loss(maybe_inject_inf(run, loss)).backward();
+  auto scaled = amp.scale_loss(maybe_inject_inf(run, loss));
+  scaled.backward();
+  if (run.ranges) run.ranges->observe(named_master_gradients(run), scaled.scale(), loss.item<double>());
   // Without a loss scaler nothing has checked the gradients, and one inf/NaN would reach every
   // weight: skip the step as the scaler would (check_divergence counts it). With DDP the gradients
   // are already averaged, so every rank decides alike.
@@ -484,6 +498,17 @@ std::string divergence_hint(const Run& run) {
   return "lower " + lr + " (or check the data)";
 }
 
+// Rank 0 under TrainOptions::doctor: doctor.json, the picture, and the recommendation on the terminal.
+void write_doctor_outputs(const Run& run) {
+  if (!run.ranges) return;
+  for (const auto& line : doctor_summary(*run.ranges)) run.say(line);
+  try {
+    run.say(fmt::format("doctor: {}", fmt::join(write_doctor_report(*run.ranges, run.o.out(), run.o.plots()), ", ")));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampp train: warning: the doctor's report was not written: %s\n", e.what());
+  }
+}
+
 // Ends the run with an error once max_consecutive_skips steps in a row had non-finite gradients:
 // a diverged run must not end "successfully" with a useless model. The skip decision is the same
 // on every rank (global overflow flag, averaged gradients), so every rank stops at the same step.
@@ -507,6 +532,7 @@ void check_divergence(Run& run, const StepResult& step) {
       first, last, run.skips_in_a_row, loss, where_it_overflowed(run.last_overflowed), divergence_hint(run));
   if (run.metrics)
     run.metrics->write_line({{"type", "error"}, {"cause", "diverged"}, {"step", last}, {"message", message}});
+  write_doctor_outputs(run);  // a diverged run is what the doctor is for
   TORCH_CHECK(false, message);
 }
 
@@ -657,6 +683,7 @@ void write_outputs(Run& run, const Summary& summary) {
       std::fprintf(stderr, "ampp train: warning: plots not written: %s\n", e.what());
     }
   }
+  write_doctor_outputs(run);
   run.say(fmt::format("metrics: {}", run.metrics->path()));
 }
 
@@ -716,6 +743,7 @@ Summary train(const TrainOptions& options) {
   run.started = Clock::now();
   dist::report_progress(run.position.global_step);  // watched by the launcher from here on
   open_outputs(run);
+  if (options.doctor() && run.workers.leader()) run.ranges.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::FaultInjection::from_environment(run.workers.rank, run.workers.world, run.workers.restarted);
   run.epochs_done = run.position.epoch;
   run.model->train();

@@ -1,0 +1,23 @@
+#pragma once
+// The numerics doctor's outputs (`ampp doctor`, `ampp train --doctor`): doctor.json and
+// doctor_gradients.png from an ampp::GradientRanges report. Layout: docs/numerics.md.
+#include <ampp/scaling/gradient_ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ampp::train {
+
+// The report: steps, per-parameter fractions at the loss scales used, exponent histograms, totals at
+// the used and at the recommended scale, and the recommendation.
+nlohmann::json doctor_json(const GradientRanges& ranges);
+
+// The recommendation in a few lines for the terminal ("doctor: ...").
+std::vector<std::string> doctor_summary(const GradientRanges& ranges);
+
+// Writes `out_dir`/doctor.json and, with `plots`, `out_dir`/doctor_gradients.png (gnuplot), both
+// atomically. Returns the paths written.
+std::vector<std::string> write_doctor_report(const GradientRanges& ranges, const std::string& out_dir, bool plots);
+
+}  // namespace ampp::train
