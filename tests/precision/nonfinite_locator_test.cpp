@@ -53,6 +53,39 @@ TEST_F(NonFiniteLocator, FindsTheFp16OverflowInsideALoweredOp) {
   EXPECT_THAT(origin->inputs[0], HasSubstr("in [80000, 80000]"));
 }
 
+// A model of two layers: fc2's fp16 output overflows (inside fc2), or an exp after fc1 does (after it).
+struct TwoLayers {
+  TwoLayers() : net(torch::nn::Sequential({{"fc1", torch::nn::Linear(2, 2)}, {"fc2", torch::nn::Linear(2, 2)}})) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.zero_();
+    net->named_parameters()["fc1.weight"].fill_diagonal_(1.0);
+    net->named_parameters()["fc2.weight"].fill_diagonal_(1000.0);
+  }
+  torch::nn::Sequential net;
+};
+
+TEST_F(NonFiniteLocator, NamesTheModuleByItsParameters) {
+  TwoLayers m;
+  std::optional<ampp::NonFiniteOrigin> inside, after;
+  {
+    ampp::NonFiniteLocator locate(*m.net);
+    ampp::autocast region(torch::kCPU, torch::kHalf);
+    m.net->forward(torch::full({1, 2}, 100.0));  // fc1: 100, fc2: 100000 > 65504
+    inside = locate.first();
+  }
+  {
+    ampp::NonFiniteLocator locate(*m.net);
+    torch::exp(m.net[0]->as<torch::nn::Linear>()->forward(torch::full({1, 2}, 100.0)));  // e^100: inf
+    after = locate.first();
+  }
+  ASSERT_TRUE(inside.has_value());
+  EXPECT_EQ(inside->module, "fc2") << inside->describe();
+  EXPECT_THAT(inside->describe(), HasSubstr("in module fc2"));
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->ops.back(), "aten::exp");
+  EXPECT_EQ(after->module, "after fc1") << after->describe();
+}
+
 TEST_F(NonFiniteLocator, FindsNothingInAFiniteForwardAndIsOnePerThread) {
   ampp::NonFiniteLocator locate;
   const auto y = torch::softmax(torch::randn({4, 5}), 1).sum();

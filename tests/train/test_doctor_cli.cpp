@@ -95,3 +95,25 @@ TEST(DoctorCli, TwoWorkersWriteOneReport) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(read_json(out / "doctor.json").at("steps"), 4);
 }
+
+// The first skipped step is replayed under the NonFiniteLocator: a static scale of 2^40 overflows fp16
+// in the backward at step 1, and the op is named; an injected inf (multiplied into the loss, not part of
+// the replayed computation) replays finite, which the report says rather than inventing an origin.
+TEST(DoctorCli, TheFirstSkippedStepIsReplayedToFindWhereTheInfWasBorn) {
+  ampp_test::TempDir tmp;
+  const auto scaled = tmp.path() / "scaled", injected = tmp.path() / "injected";
+  auto r = run_ampp(std::string("doctor ") + kSmall + "--steps 3 --no-plots --loss-scale 1099511627776 --out " +
+                    scaled.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto found = read_json(scaled / "doctor.json").at("first_non_finite");
+  EXPECT_EQ(found.at("step"), 1);
+  EXPECT_THAT(found.at("origin").get<std::string>(), HasSubstr("Backward")) << found.dump();
+  EXPECT_THAT(found.at("origin").get<std::string>(), HasSubstr("Half")) << found.dump();
+  r = ampp_test::run_shell("AMPP_TRAIN_TEST_INF_AT=2:0 " + std::string(AMPP_CLI) + " doctor " + kSmall +
+                           "--steps 3 --no-plots --out " + injected.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto none = read_json(injected / "doctor.json").at("first_non_finite");
+  EXPECT_EQ(none.at("step"), 2);
+  EXPECT_TRUE(none.at("origin").is_null()) << none.dump();
+  EXPECT_THAT(none.at("note").get<std::string>(), HasSubstr("replayed finite"));
+}

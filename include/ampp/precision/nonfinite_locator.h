@@ -16,7 +16,11 @@
 // outputs), so it sees every aten op, whatever module or function called it. Off by default and free
 // when no locator exists: nothing is registered. While one exists, each op's floating inputs and
 // outputs are read once more, so run it on the step to diagnose, not on every step. LibTorch's C++
-// modules record no scope, so the module path is not known: the op sequence number locates the op.
+// modules record no scope of their own; given the model, the locator names the module by its
+// parameters: the one whose weights the op (or an op around it) took as input, else the last such
+// module before it ("after fc1", e.g. for a relu).
+
+#include <torch/nn/module.h>
 
 #include <cstdint>
 #include <memory>
@@ -35,6 +39,8 @@ struct NonFiniteOrigin {
   std::vector<std::string> inputs;
   /// The first non-finite output: "float32 [4, 3]: 2 inf, 0 NaN of 12".
   std::string output;
+  /// With a model: its module path ("layer2.conv1"), "after <path>", or "" when not known.
+  std::string module;
   /// All of the above in one line.
   std::string describe() const;
 };
@@ -42,6 +48,8 @@ struct NonFiniteOrigin {
 class NonFiniteLocator {
  public:
   NonFiniteLocator();
+  /// Also names the module of `model` (by its parameters) where the value was born.
+  explicit NonFiniteLocator(const torch::nn::Module& model);
   ~NonFiniteLocator();
   NonFiniteLocator(const NonFiniteLocator&) = delete;
   NonFiniteLocator& operator=(const NonFiniteLocator&) = delete;

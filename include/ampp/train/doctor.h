@@ -16,8 +16,9 @@ nlohmann::json doctor_json(const GradientRanges& ranges);
 // The recommendation in a few lines for the terminal ("doctor: ...").
 std::vector<std::string> doctor_summary(const GradientRanges& ranges);
 
-// Writes `out_dir`/doctor.json and, with `plots`, `out_dir`/doctor_gradients.png (gnuplot), both
-// atomically. Returns the paths written.
-std::vector<std::string> write_doctor_report(const GradientRanges& ranges, const std::string& out_dir, bool plots);
+// Writes `out_dir`/doctor.json (with `first_non_finite`, the replay of the first skipped step, unless
+// null) and, with `plots`, `out_dir`/doctor_gradients.png (gnuplot), both atomically. Returns the paths.
+std::vector<std::string> write_doctor_report(const GradientRanges& ranges, const nlohmann::json& first_non_finite,
+                                             const std::string& out_dir, bool plots);
 
 }  // namespace ampp::train

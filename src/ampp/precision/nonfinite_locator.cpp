@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <sstream>
+#include <unordered_map>
 #include <utility>
 
 namespace ampp {
@@ -19,13 +20,16 @@ struct OpenOp {
   int64_t index = 0;
   std::vector<at::Tensor> inputs;
   bool inputs_finite = true;
+  std::string module;  // the module whose parameter is among the inputs ("" if none)
 };
 
 struct NonFiniteLocator::State {
   std::vector<OpenOp> open;
   int64_t seen = 0;
   std::optional<NonFiniteOrigin> first;
-  bool checking = false;  // the checks run ops too: those are not observed
+  bool checking = false;                                           // the checks run ops too: those are not observed
+  std::unordered_map<const c10::TensorImpl*, std::string> owners;  // parameter -> its module's path
+  std::string last_module;                                         // the latest module whose parameters an op took
 };
 
 namespace {
@@ -72,6 +76,13 @@ bool returns_uninitialized(const std::string& name) {
   return name.rfind("aten::empty", 0) == 0 || name.rfind("aten::new_empty", 0) == 0 || name == "aten::resize_";
 }
 
+// "fc2" for the innermost open op that took a parameter of fc2; else "after <the last such module>".
+std::string module_of(const NonFiniteLocator::State& st) {
+  for (auto op = st.open.rbegin(); op != st.open.rend(); ++op)
+    if (!op->module.empty()) return op->module;
+  return st.last_module.empty() ? std::string() : "after " + st.last_module;
+}
+
 // The op that just ended (the innermost open one): is it where a non-finite value was born?
 void check_ended_op(NonFiniteLocator::State& st, const at::RecordFunction& fn) {
   const OpenOp& op = st.open.back();
@@ -84,6 +95,7 @@ void check_ended_op(NonFiniteLocator::State& st, const at::RecordFunction& fn) {
     origin.op_index = op.index;
     for (const auto& in : op.inputs) origin.inputs.push_back(range_of(in));
     origin.output = non_finite_count(out);
+    origin.module = module_of(st);
     st.first = std::move(origin);
     return;
   }
@@ -100,7 +112,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       // copy_ overwrites its destination: only the source's values go in (a narrowing copy, e.g.
       // float32 80000 into fp16, is where an overflow is born).
       if (op.name == "aten::copy_" && !op.inputs.empty()) op.inputs.erase(op.inputs.begin());
-      for (const auto& in : op.inputs) op.inputs_finite = op.inputs_finite && all_finite(in);
+      for (const auto& in : op.inputs) {
+        op.inputs_finite = op.inputs_finite && all_finite(in);
+        const auto owner = st->owners.find(in.unsafeGetTensorImpl());
+        if (owner != st->owners.end()) op.module = st->last_module = owner->second;
+      }
     } catch (...) {  // a check that cannot run on these values must not break the user's forward
       op.inputs_finite = false;
     }
@@ -130,7 +146,10 @@ std::string NonFiniteOrigin::describe() const {
   std::ostringstream s;
   s << "first non-finite output at op #" << op_index << " (";
   for (size_t i = 0; i < ops.size(); ++i) s << (i ? " > " : "") << ops[i];
-  s << "): " << output << "; its inputs were finite:";
+  s << ")";
+  if (!module.empty())
+    s << (module.rfind("after ", 0) == 0 ? " after module " + module.substr(6) : " in module " + module);
+  s << ": " << output << "; its inputs were finite:";
   for (const auto& in : inputs) s << " " << in << ";";
   return s.str();
 }
@@ -148,6 +167,13 @@ NonFiniteLocator::NonFiniteLocator() : state_(std::make_shared<State>()) {
 NonFiniteLocator::~NonFiniteLocator() {
   at::removeCallback(handle_);
   current = nullptr;
+}
+
+NonFiniteLocator::NonFiniteLocator(const torch::nn::Module& model) : NonFiniteLocator() {
+  for (const auto& p : model.named_parameters()) {
+    const auto dot = p.key().rfind('.');
+    state_->owners[p.value().unsafeGetTensorImpl()] = dot == std::string::npos ? p.key() : p.key().substr(0, dot);
+  }
 }
 
 std::optional<NonFiniteOrigin> NonFiniteLocator::first() const { return state_->first; }

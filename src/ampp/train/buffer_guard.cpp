@@ -19,9 +19,13 @@ void BufferGuard::save() {
 
 bool BufferGuard::restore_if_non_finite() {
   if (buffers_.empty() || !numerics::has_non_finite(buffers_)) return false;
+  restore();
+  return true;
+}
+
+void BufferGuard::restore() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_[i]);
-  return true;
 }
 
 }  // namespace ampp::train::detail

@@ -18,6 +18,8 @@ class BufferGuard {
   void save();
   // After the step: restores the buffers if any of them is not finite; true if it did.
   bool restore_if_non_finite();
+  // Puts the saved values back (after a forward that must leave no trace, e.g. the doctor's replay).
+  void restore();
 
  private:
   std::vector<torch::Tensor> buffers_, saved_;

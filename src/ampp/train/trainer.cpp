@@ -7,6 +7,7 @@
 #include <ampp/dist/sampler.h>
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
+#include <ampp/precision/nonfinite_locator.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/batches.h>
 #include <ampp/train/checkpoint.h>
@@ -200,6 +201,7 @@ struct Run {
   int64_t last_finite_loss_step = 0;
   std::vector<std::string> last_overflowed;  // the parameters of the latest skipped step
   std::optional<GradientRanges> ranges;      // the numerics doctor's report (TrainOptions::doctor, rank 0)
+  nlohmann::json first_non_finite;           // the doctor's replay of the first skipped step (null: none yet)
 };
 
 // ---- small helpers ----
@@ -420,6 +422,29 @@ torch::Tensor maybe_inject_inf(const Run& run, const torch::Tensor& loss) {
   return loss * std::numeric_limits<float>::infinity();
 }
 
+// The doctor, at the first skipped step: rank 0 runs its batch's forward and scaled backward again
+// under a NonFiniteLocator to find the op (and module) where the first inf/NaN was born. The step was
+// skipped, so the weights are the ones it saw; the model is called directly (not through DDP, whose
+// hooks stay disarmed: no collective), BatchNorm's statistics are put back and the gradients dropped.
+void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
+  run.buffer_guard.save();
+  std::optional<NonFiniteOrigin> origin;
+  {
+    NonFiniteLocator locate(*run.model);
+    auto logits = run.amp.forward(run.model, batch.data).to(torch::kFloat32);
+    (torch::nn::functional::cross_entropy(logits, batch.target) * scale).backward();
+    origin = locate.first();
+  }
+  run.buffer_guard.restore();
+  run.amp.zero_grad();
+  run.first_non_finite = {{"step", run.position.global_step + 1}, {"rank", run.workers.rank}};
+  run.first_non_finite["origin"] = origin ? nlohmann::json(origin->describe()) : nlohmann::json(nullptr);
+  run.first_non_finite["module"] = origin ? origin->module : "";
+  if (!origin)
+    run.first_non_finite["note"] =
+        "rank 0's batch replayed finite: the inf/NaN came from another rank's batch or was injected";
+}
+
 StepResult train_step(Run& run, const Batch& batch) {
   Amp& amp = run.amp;
   amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/handle.h)
@@ -441,6 +466,7 @@ StepResult train_step(Run& run, const Batch& batch) {
     torch::nn::utils::clip_grad_norm_(amp.master_params(), run.o.clip_grad_norm());
   const bool stepped = may_step && amp.step();
   run.buffer_guard.restore_if_non_finite();  // also after a taken step: x*x can overflow while x did not
+  if (run.ranges && !stepped && run.first_non_finite.is_null()) locate_first_non_finite(run, batch, scaled.scale());
   return {logits, loss.item<double>(), stepped, std::move(overflowed)};
 }
 
@@ -502,8 +528,12 @@ std::string divergence_hint(const Run& run) {
 void write_doctor_outputs(const Run& run) {
   if (!run.ranges) return;
   for (const auto& line : doctor_summary(*run.ranges)) run.say(line);
+  if (run.first_non_finite.contains("origin") && !run.first_non_finite["origin"].is_null())
+    run.say(fmt::format("doctor: step {}: {}", run.first_non_finite["step"].get<int64_t>(),
+                        run.first_non_finite["origin"].get<std::string>()));
   try {
-    run.say(fmt::format("doctor: {}", fmt::join(write_doctor_report(*run.ranges, run.o.out(), run.o.plots()), ", ")));
+    const auto written = write_doctor_report(*run.ranges, run.first_non_finite, run.o.out(), run.o.plots());
+    run.say(fmt::format("doctor: {}", fmt::join(written, ", ")));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ampp train: warning: the doctor's report was not written: %s\n", e.what());
   }
