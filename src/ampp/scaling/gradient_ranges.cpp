@@ -13,15 +13,53 @@
 namespace ampp {
 namespace {
 
-// Adds floor(log2 v) of every (positive, finite) v to the histogram. frexp gives v = m * 2^x with
-// m in [0.5, 1) exactly, so floor(log2 v) = x - 1 with no rounding at powers of two (log2 would).
-void add_exponents(std::vector<int64_t>& histogram, const torch::Tensor& values) {
-  if (values.numel() == 0) return;
-  auto exponents = std::get<1>(torch::frexp(values)).to(torch::kLong) - 1;
-  auto bins = (exponents - GradientRanges::kLowestExponent).clamp(0, GradientRanges::kBins - 1);
-  auto counts = torch::bincount(bins, {}, GradientRanges::kBins);
-  const auto* c = counts.data_ptr<int64_t>();
-  for (int i = 0; i < GradientRanges::kBins; ++i) histogram[i] += c[i];
+int bin_of(int exponent) {
+  return std::clamp(exponent - GradientRanges::kLowestExponent, 0, GradientRanges::kBins - 1);
+}
+
+// floor(log2 |v|) for a finite nonzero v. frexp gives v = m * 2^x with |m| in [0.5, 1) exactly, so
+// floor(log2 |v|) = x - 1 with no rounding at powers of two (log2 would round).
+template <typename T>
+int exponent_of(T v) {
+  int x = 0;
+  std::frexp(v, &x);
+  return x - 1;
+}
+
+// One pass over one gradient: its zeros, non-finite elements and exponent histogram (true values),
+// and, when the scale is not a power of two, the histogram of the scaled values (`scaled`, computed
+// in double so the product neither overflows nor loses its exponent).
+struct GradientCounts {
+  std::vector<int64_t> exponents = std::vector<int64_t>(GradientRanges::kBins, 0);
+  int64_t zero = 0, non_finite = 0;
+};
+
+template <typename T>
+void count(const T* data, int64_t n, GradientCounts& c, std::vector<int64_t>* scaled, double scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = data[i];
+    if (!std::isfinite(v)) {
+      ++c.non_finite;
+    } else if (v == 0) {
+      ++c.zero;
+    } else {
+      ++c.exponents[bin_of(exponent_of(v))];
+      if (scaled) ++(*scaled)[bin_of(exponent_of(static_cast<double>(v) * scale))];
+    }
+  }
+}
+
+GradientCounts count_gradient(const torch::Tensor& gradient, std::vector<int64_t>* scaled, double scale) {
+  GradientCounts c;
+  // float32 holds fp16 and bf16 values exactly; double stays double.
+  auto t = gradient.detach();
+  t = (t.scalar_type() == torch::kDouble ? t : t.to(torch::kFloat)).contiguous();
+  if (t.scalar_type() == torch::kDouble) {
+    count(t.data_ptr<double>(), t.numel(), c, scaled, scale);
+  } else {
+    count(t.data_ptr<float>(), t.numel(), c, scaled, scale);
+  }
+  return c;
 }
 
 int highest_bin(const std::vector<int64_t>& histogram) {
@@ -70,26 +108,34 @@ GradientRanges::Parameter& GradientRanges::parameter(const std::string& name) {
   return parameters_[it->second];
 }
 
+namespace {
+
+// `step` (one step's histogram of true gradients) times 2^shift, added to `into`; the end bins clamp.
+void add_shifted(std::vector<int64_t>& into, const std::vector<int64_t>& step, int shift) {
+  for (int i = 0; i < GradientRanges::kBins; ++i)
+    if (step[i] > 0) into[std::clamp(i + shift, 0, GradientRanges::kBins - 1)] += step[i];
+}
+
+}  // namespace
+
 void GradientRanges::observe(const std::vector<std::pair<std::string, torch::Tensor>>& gradients, double loss_scale,
                              double loss) {
   TORCH_CHECK(std::isfinite(loss_scale) && loss_scale > 0,
               "GradientRanges::observe: the loss scale must be a positive finite number, got ", loss_scale);
-  torch::NoGradGuard no_grad;
+  int scale_exponent = 0;
+  // A power of two (every dynamic scale) multiplies exactly: the scaled exponents are a shift.
+  const bool power_of_two = std::frexp(loss_scale, &scale_exponent) == 0.5;
   bool non_finite = false;
   for (const auto& [name, gradient] : gradients) {
     if (!gradient.defined()) continue;
     Parameter& p = parameter(name);
-    // In double, so the scaled values neither overflow nor lose their exponent.
-    auto magnitude = gradient.detach().abs().to(torch::kDouble).reshape(-1);
-    auto finite = torch::isfinite(magnitude);
-    auto values = magnitude.masked_select(finite.logical_and(magnitude.gt(0)));
-    const int64_t n_finite = finite.sum().item<int64_t>();
-    p.elements += magnitude.numel();
-    p.non_finite += magnitude.numel() - n_finite;
-    p.zero += n_finite - values.numel();
-    non_finite |= n_finite < magnitude.numel();
-    add_exponents(p.unscaled, values);
-    add_exponents(p.scaled, values * loss_scale);
+    const GradientCounts c = count_gradient(gradient, power_of_two ? nullptr : &p.scaled, loss_scale);
+    p.elements += gradient.numel();
+    p.non_finite += c.non_finite;
+    p.zero += c.zero;
+    non_finite |= c.non_finite > 0;
+    add_shifted(p.unscaled, c.exponents, 0);
+    if (power_of_two) add_shifted(p.scaled, c.exponents, scale_exponent - 1);  // exact: a shift
   }
   ++steps_;
   non_finite_steps_ += non_finite;
