@@ -29,6 +29,7 @@
 #include <ampp/amp/initialize.h>
 #include <ampp/amp/opt_level.h>
 #include <ampp/amp/properties.h>
+#include <ampp/amp/pytorch_checkpoint.h>
 
 // dist: process groups, DDP, comm hooks, DistributedSampler, spawn, the launcher
 #include <ampp/dist/dist.h>

@@ -84,6 +84,8 @@ void validate(const TrainOptions& options);
 
 // The checkpoint file inside checkpoint_dir.
 std::string checkpoint_path(const TrainOptions& options);
+// Its PyTorch-format twin for Python (checkpoint.pt, checkpoint.h), written with it.
+std::string pytorch_checkpoint_path(const TrainOptions& options);
 
 // Runs this process's part of the training. Before any work it checks that `out` and
 // `checkpoint_dir` are writable and locks `out` against a second run. Resuming a run that already

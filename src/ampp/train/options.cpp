@@ -71,4 +71,8 @@ std::string checkpoint_path(const TrainOptions& options) {
   return (std::filesystem::path(options.checkpoint_dir()) / "checkpoint.ampp").string();
 }
 
+std::string pytorch_checkpoint_path(const TrainOptions& options) {
+  return (std::filesystem::path(options.checkpoint_dir()) / "checkpoint.pt").string();
+}
+
 }  // namespace ampp::train

@@ -317,6 +317,7 @@ void save(Run& run, int64_t epoch, int64_t batch) {
   now.last_train_loss = run.last_train_loss;
   if (++run.saves == run.faults.kill_in_save) die_halfway_through_save(run, now);
   save_training_checkpoint(run.checkpoint, run.objects(), now);
+  save_pytorch_training_checkpoint(pytorch_checkpoint_path(run.o), run.objects(), now);
   dist::report_progress(run.position.global_step);
 }
 
