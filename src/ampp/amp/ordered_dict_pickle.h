@@ -5,8 +5,9 @@
 // plain_dicts() rewrites such a pickle (protocol 2, what torch.save writes) so that every
 // OrderedDict() becomes an empty dict, and every BUILD(obj, state) (which LibTorch's unpickler cannot
 // apply to a dict; torch.save uses it here to set `_metadata`) becomes the pair (obj, state), which
-// without_metadata() unwraps after loading. Everything else is copied byte for byte, and LibTorch's
-// own unpickler reads the result.
+// without_metadata() unwraps after loading; and every SETITEM and APPEND (which LibTorch 1.13's
+// unpickler does not know; Python writes them for one item) becomes MARK ... SETITEMS / APPENDS. Everything else is copied
+// byte for byte, and LibTorch's own unpickler reads the result.
 #include <ATen/core/ivalue.h>
 
 #include <string>
