@@ -6,8 +6,8 @@
 // OrderedDict() becomes an empty dict, and every BUILD(obj, state) (which LibTorch's unpickler cannot
 // apply to a dict; torch.save uses it here to set `_metadata`) becomes the pair (obj, state), which
 // without_metadata() unwraps after loading; and every SETITEM and APPEND (which LibTorch 1.13's
-// unpickler does not know; Python writes them for one item) becomes MARK ... SETITEMS / APPENDS. Everything else is copied
-// byte for byte, and LibTorch's own unpickler reads the result.
+// unpickler does not know; Python writes them for one item) becomes MARK ... SETITEMS / APPENDS.
+// Everything else is copied byte for byte, and LibTorch's own unpickler reads the result.
 #include <ATen/core/ivalue.h>
 
 #include <string>
