@@ -18,11 +18,13 @@
 // torch_scaler.scale(loss).backward()                      torch_scaler.scale(loss).backward()
 // torch_scaler.step(optimizer); torch_scaler.update()      torch_scaler.step(optimizer); ...update()
 // scheduler.step()                                         scheduler.step()
-// if rank % ngpus_per_node == 0: torch.save(model.module.  if (rank % ngpus_per_node == 0)
-//     state_dict(), 'checkpoint.pth.tar')                      save_checkpoint(...) (atomic)
+// if rank % ngpus_per_node == 0: torch.save(model.module.  if (rank % ngpus_per_node == 0) ampp::save_pytorch(
+//     state_dict(), 'checkpoint.pth.tar')                      ampp::module_state_dict(*model), path) (atomic)
+//
+// The checkpoint is the seed's: a state_dict in PyTorch's format, which Python opens with torch.load
+// and `ampp train --model cnn --resume-from` starts a run from (docs/training.md).
 #include <ampp/ampp.h>
 #include <ampp/train/batches.h>
-#include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/models.h>
 
@@ -86,9 +88,7 @@ void main_worker(int gpu, int ngpus_per_node, Args args) {
     }
     scheduler.step();
     if (rank % ngpus_per_node == 0) {
-      torch::serialize::OutputArchive archive;
-      model->save(archive);
-      ampp::train::save_checkpoint(archive, args.checkpoint);  // atomic: never half-written
+      ampp::save_pytorch(ampp::module_state_dict(*model), args.checkpoint);  // atomic: never half-written
       fmt::print("epoch {}: loss {:.4f}, scale {}, checkpoint {}\n", epoch, last_loss, torch_scaler.get_scale(),
                  args.checkpoint);
     }

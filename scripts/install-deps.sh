@@ -15,6 +15,7 @@ packages=(
   build-essential cmake ninja-build ccache git pkg-config binutils
   libgloo-dev libsleef-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev
+  libprotobuf-dev protobuf-compiler libboost-dev  # TensorBoard event files: protobuf, CRC-32C (boost/crc.hpp)
   dataset-fashion-mnist gnuplot-nox iproute2 procps
 )
 case "$torch" in
@@ -71,5 +72,13 @@ install_clang_format() {
   "$venv/bin/pip" install -q --disable-pip-version-check "clang-format==$clang_format_version"
 }
 
+# TensorBoard's own reader, which the tests compare `ampp train --tensorboard`'s files with.
+tensorboard_version=2.21.0
+install_tensorboard() {
+  if "$venv/bin/python" -c "import tensorboard, sys; sys.exit(tensorboard.__version__ != '$tensorboard_version')" 2>/dev/null; then return; fi
+  echo "install-deps: tensorboard $tensorboard_version into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "tensorboard==$tensorboard_version"
+}
+
 install_apt
-if [ "$torch" = wheel ]; then install_wheel; install_clang_format; fi
+if [ "$torch" = wheel ]; then install_wheel; install_clang_format; install_tensorboard; fi

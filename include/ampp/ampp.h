@@ -44,4 +44,6 @@
 #include <ampp/train/doctor.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
+#include <ampp/train/pytorch_training_checkpoint.h>
+#include <ampp/train/tensorboard.h>
 #include <ampp/train/trainer.h>

@@ -99,12 +99,17 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
   ampp::cli::add_number(sub, "--checkpoint-every", o.checkpoint_every(),
                         "also checkpoint every N steps (0: per epoch only)");
   sub.add_flag("--resume", o.resume(), "continue from --checkpoint-dir's checkpoint");
+  sub.add_option("--resume-from", o.resume_from(),
+                 "continue from a PyTorch-format checkpoint (torch.save of {model, optimizer, scaler, epoch, step} "
+                 "or of a model state_dict) when --checkpoint-dir has none of its own");
   sub.add_option("--out", o.out(), "folder for metrics.jsonl, summary.json, model.pt and plots")->capture_default_str();
   ampp::cli::add_number(sub, "--log-every", o.log_every(),
                         "a metrics.jsonl step line every N steps (and for every skipped step)");
   sub.add_flag_callback("--no-plots", [&o] { o.plots(false); }, "do not run gnuplot");
   sub.add_flag("--doctor", o.doctor(),
                "numerics doctor: record gradient ranges every step, write doctor.json and doctor_gradients.png");
+  sub.add_option("--tensorboard", o.tensorboard(),
+                 "also write the metrics (and the doctor's histograms) as TensorBoard event files into DIR");
   sub.add_flag_callback("--quiet", [&o] { o.progress(false); }, "no progress output");
 }
 
@@ -121,6 +126,7 @@ int launch_workers(const TrainArgs& a) {
   // Unusable output folders fail here too, once, before the workers load any data.
   ampp::check_writable_folder(o.out(), "TrainOptions::out");
   if (!o.checkpoint_dir().empty()) ampp::check_writable_folder(o.checkpoint_dir(), "TrainOptions::checkpoint_dir");
+  if (!o.tensorboard().empty()) ampp::check_writable_folder(o.tensorboard(), "TrainOptions::tensorboard");
   // Idle OpenMP threads sleep instead of spinning against the other worker (notes: ~1.6x on fp32).
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
   std::vector<std::string> argv{self_exe()};

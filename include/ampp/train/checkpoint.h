@@ -81,14 +81,6 @@ std::string training_checkpoint_bytes(const TrainingObjects& objects, const RunP
 // Writes training_checkpoint_bytes atomically to `path`.
 void save_training_checkpoint(const std::string& path, const TrainingObjects& objects, const RunPosition& position);
 
-// The PyTorch-format twin of a training checkpoint, for plain torch.load in Python (no ampp code):
-// {"model": state_dict in float32 (the FP32 masters' values under O2), "optimizer": the optimizer's
-// state_dict (SGD: "momentum_buffer"), "scaler": GradScaler.state_dict() ({} without loss scaling),
-// "epoch", "batch" (batches of that epoch done), "step"}. ampp resumes from its own checkpoint, which
-// also holds the sampler and the RNG; this file is for Python (pytorch_checkpoint.h).
-void save_pytorch_training_checkpoint(const std::string& path, const TrainingObjects& objects,
-                                      const RunPosition& position);
-
 // A training checkpoint read and checked; restore() then loads it into the objects.
 class TrainingCheckpoint {
  public:

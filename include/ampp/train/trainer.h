@@ -66,6 +66,11 @@ struct TrainOptions {
   TORCH_ARG(std::string, checkpoint_dir) = "";
   TORCH_ARG(int64_t, checkpoint_every) = 0;
   TORCH_ARG(bool, resume) = false;
+  // "" = off. A PyTorch-format checkpoint to continue from (a file Python's torch.save wrote, or an
+  // ampp checkpoint.pt): a training dict {"model", "optimizer", "scaler", "epoch", "batch", "step"}
+  // continues at its position; a bare model state_dict starts this run from its weights. Used only
+  // when the run has no checkpoint of its own to resume (a restarted worker continues from that).
+  TORCH_ARG(std::string, resume_from) = "";
   // metrics.jsonl, summary.json, model.pt and the PNG plots go here.
   TORCH_ARG(std::string, out) = "ampp-train-out";
   // A step record every log_every steps (and for every skipped step).
@@ -75,6 +80,9 @@ struct TrainOptions {
   // gradients per step) and writes doctor.json and doctor_gradients.png into `out` at the end, or when
   // the run diverges. See docs/numerics.md.
   TORCH_ARG(bool, doctor) = false;
+  // "" = off. Rank 0 also writes metrics.jsonl's scalars (and, with the doctor, its gradient
+  // histograms) as TensorBoard event files into this folder (include/ampp/train/tensorboard.h).
+  TORCH_ARG(std::string, tensorboard) = "";
   // Progress output on rank 0 (false for quiet tests).
   TORCH_ARG(bool, progress) = true;
 };

@@ -1,6 +1,5 @@
 #include <ampp/train/checkpoint.h>
 
-#include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/util/atomic_file.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -230,25 +229,6 @@ void TrainingCheckpoint::restore_objects(const TrainingObjects& objects) {
   archive_.read("sampler", sampler);
   objects.sampler.load(sampler);
   set_rng_state(rng_state_);
-}
-
-void save_pytorch_training_checkpoint(const std::string& path, const TrainingObjects& objects,
-                                      const RunPosition& position) {
-  auto model = module_state_dict(objects.model);
-  // The optimizer steps the masters (O2) or the parameters themselves: their values are the run's.
-  const auto named = objects.model.named_parameters();
-  const auto masters = objects.amp.master_params();
-  TORCH_INTERNAL_ASSERT(named.size() == masters.size(), "one master per model parameter");
-  for (size_t i = 0; i < masters.size(); ++i)
-    model.insert_or_assign(named[i].key(), masters[i].detach().to(torch::kCPU, torch::kFloat).clone());
-  auto ckpt = make_pytorch_dict();
-  ckpt.insert("model", model);
-  ckpt.insert("optimizer", optimizer_state_dict(objects.optimizer));
-  ckpt.insert("scaler", scaler_state_dict(objects.amp.scaler()));
-  ckpt.insert("epoch", position.epoch);
-  ckpt.insert("batch", position.batch);
-  ckpt.insert("step", position.global_step);
-  save_pytorch(ckpt, path);
 }
 
 }  // namespace ampp::train

@@ -14,6 +14,8 @@
 #include <ampp/train/dataset.h>
 #include <ampp/train/doctor.h>
 #include <ampp/train/models.h>
+#include <ampp/train/pytorch_training_checkpoint.h>
+#include <ampp/train/tensorboard.h>
 #include <ampp/train/trainer.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/folder_lock.h>
@@ -116,6 +118,7 @@ std::unique_ptr<FolderLock> claim_outputs(const TrainOptions& o, const Workers& 
   on_leader_agreed(w, [&] {
     check_writable_folder(o.out(), "TrainOptions::out");
     if (!o.checkpoint_dir().empty()) check_writable_folder(o.checkpoint_dir(), "TrainOptions::checkpoint_dir");
+    if (!o.tensorboard().empty()) check_writable_folder(o.tensorboard(), "TrainOptions::tensorboard");
     lock = std::make_unique<FolderLock>(o.out(), "TrainOptions::out");
   });
   return lock;
@@ -189,9 +192,10 @@ struct Run {
   EpochSums sums;          // the current epoch's running sums (this rank's; global totals on rank 0 after a save)
   bool resumed = false;
   std::optional<MetricsWriter> metrics;
-  Clock::time_point started = Clock::now();  // reset when training starts (after resume and DDP)
-  detail::FaultInjection faults;             // testing aids (fault_injection.h), off in normal use
-  int64_t saves = 0;                         // checkpoints written by this process
+  std::optional<TensorBoardWriter> tensorboard;  // rank 0, TrainOptions::tensorboard
+  Clock::time_point started = Clock::now();      // reset when training starts (after resume and DDP)
+  detail::FaultInjection faults;                 // testing aids (fault_injection.h), off in normal use
+  int64_t saves = 0;                             // checkpoints written by this process
   int64_t epochs_done = 0;
   double last_train_loss = 0;
   Evaluation last_eval;
@@ -288,6 +292,43 @@ void resume(Run& run) {
   run.resumed = true;
   run.say(fmt::format("resumed from {}: epoch {}, batch {}, step {}", run.checkpoint, run.position.epoch + 1,
                       run.position.batch, run.position.global_step));
+}
+
+// The file's SGD hyperparameters (which load_optimizer_state_dict put in force, as PyTorch's
+// load_state_dict does) must be this run's: a silent change of momentum would be a different run.
+void check_sgd_options(const Run& run) {
+  const auto& sgd = static_cast<const torch::optim::SGDOptions&>(run.optimizer.param_groups().front().options());
+  TORCH_CHECK(sgd.momentum() == run.o.momentum() && sgd.weight_decay() == run.o.weight_decay(), "PyTorch checkpoint '",
+              run.o.resume_from(), "' was trained with SGD momentum ", sgd.momentum(), " and weight decay ",
+              sgd.weight_decay(), "; this run has momentum ", run.o.momentum(), " and weight decay ",
+              run.o.weight_decay(), ": pass --momentum ", sgd.momentum(), " --weight-decay ", sgd.weight_decay());
+  TORCH_CHECK(sgd.dampening() == 0 && !sgd.nesterov(), "PyTorch checkpoint '", run.o.resume_from(),
+              "' was trained with SGD dampening ", sgd.dampening(), (sgd.nesterov() ? " and Nesterov momentum" : ""),
+              ", which ampp train's SGD does not use");
+}
+
+// Continues from a PyTorch-format file (TrainOptions::resume_from), unless the run resumed from its own
+// checkpoint: a restarted worker continues from where this run got to, not from the file.
+void resume_from_pytorch(Run& run) {
+  const std::string& path = run.o.resume_from();
+  if (path.empty() || run.resumed) return;
+  TORCH_CHECK(fs::is_regular_file(path), "TrainOptions::resume_from: no file '", path, "'");
+  const PyTorchCheckpointContents c = load_pytorch_training_checkpoint(path, run.objects());
+  if (c.optimizer) check_sgd_options(run);
+  run.position.epoch = c.epoch;
+  run.position.batch = c.batch;
+  run.position.global_step = c.step;
+  run.position.skipped_total = c.skipped_steps;
+  if (c.weights_only) {
+    run.say(
+        fmt::format("started from the weights in {} (a model state_dict: optimizer, loss scale and position "
+                    "start afresh)",
+                    path));
+    return;
+  }
+  run.say(fmt::format("continued from {}: epoch {}, batch {}, step {}{}{}", path, c.epoch + 1, c.batch, c.step,
+                      c.optimizer ? ", optimizer state" : ", no optimizer state",
+                      c.scaler ? fmt::format(", loss scale {}", run.amp.loss_scale()) : ""));
 }
 
 // Testing aid: what a kill in the middle of a checkpoint write leaves (half a temporary file).
@@ -406,12 +447,9 @@ std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& params
 
 // The gradients the optimizer steps (O2: the masters'), by the model's parameter names.
 std::vector<std::pair<std::string, torch::Tensor>> named_master_gradients(const Run& run) {
-  const auto named = run.model->named_parameters();
-  const auto masters = run.amp.master_params();
-  TORCH_INTERNAL_ASSERT(named.size() == masters.size(), "one master per model parameter");
-  std::vector<std::pair<std::string, torch::Tensor>> gradients;
-  for (size_t i = 0; i < masters.size(); ++i) gradients.emplace_back(named[i].key(), masters[i].grad());
-  return gradients;
+  auto named = named_master_params(*run.model, run.amp);
+  for (auto& [name, master] : named) master = master.grad();
+  return named;
 }
 
 // Testing aid: an inf loss on this rank at the steps AMPP_TRAIN_TEST_INF_AT names.
@@ -495,6 +533,10 @@ void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per
   r.images_per_sec = images_per_sec;
   r.elapsed = run.elapsed();
   run.metrics->write(r);
+  if (run.tensorboard) {
+    log_to_tensorboard(*run.tensorboard, r);
+    if (run.ranges) log_to_tensorboard(*run.tensorboard, *run.ranges, r.step);
+  }
 }
 
 // "the last of them had inf/NaN gradients in fc1.weight, fc1.bias and 4 more".
@@ -620,6 +662,7 @@ void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStar
     r.loss_scale = run.amp.loss_scale();
     r.lr = current_lr(run.optimizer);
     run.metrics->write(r);
+    if (run.tensorboard) log_to_tensorboard(*run.tensorboard, r);
   }
   if (bar) {
     bar->finish(fmt::format(
@@ -654,6 +697,7 @@ void open_outputs(Run& run) {
   if (run.workers.leader()) {
     fs::create_directories(run.o.out());
     run.metrics.emplace((fs::path(run.o.out()) / "metrics.jsonl").string(), /*append=*/run.resumed);
+    if (!run.o.tensorboard().empty()) run.tensorboard.emplace(run.o.tensorboard());
   }
   run.say(fmt::format("ampp train: {} on {}; {}; {} worker(s) x {} images/batch, {} thread(s) each", run.o.model(),
                       run.data.description, precision_label(run.o, run.amp), run.workers.world, run.per_rank_batch,
@@ -716,6 +760,9 @@ void write_outputs(Run& run, const Summary& summary) {
   }
   write_doctor_outputs(run);
   run.say(fmt::format("metrics: {}", run.metrics->path()));
+  if (run.tensorboard)
+    run.say(
+        fmt::format("tensorboard: {} (view: tensorboard --logdir {})", run.tensorboard->path(), run.o.tensorboard()));
 }
 
 // ---- a finished run, resumed ----
@@ -768,6 +815,7 @@ Summary train(const TrainOptions& options) {
   const auto lock = claim_outputs(options, workers);  // before the data is loaded: fail in seconds
   Run run(options, std::move(workers));
   resume(run);
+  resume_from_pytorch(run);
   if (run.resumed && nothing_left(run)) return finish_finished_run(run);
   // DDP after the resume, so its construction broadcast starts every rank from the loaded weights.
   if (run.workers.world > 1) run.ddp.emplace(run.model, run.workers.pg);

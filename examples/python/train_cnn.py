@@ -1,0 +1,138 @@
+"""`ampp train --model cnn` in plain PyTorch: the Python half of one training run handed back and forth
+between Python and ampp through PyTorch-format checkpoints (docs/training.md, "Hand a run between
+Python and ampp").
+
+    python train_cnn.py --steps 50 --save py.pt                      # Python starts the run
+    ampp train --opt-level O0 --loss-scale dynamic --resume-from py.pt --steps 100 --checkpoint-dir ck
+    python train_cnn.py --resume-from ck/checkpoint.pt --steps 150 --save py.pt   # and takes it back
+
+It is ampp train's job, step for step: the same data (Fashion-MNIST from Debian's dataset-fashion-mnist,
+or `--data synthetic:N`, the same seeded set), standardised by the training split's mean and std;
+DistributedSampler with the run's seed and epoch; batches of --batch-size with the last partial batch
+dropped; cross-entropy; SGD with momentum and weight decay; a GradScaler. With --autocast none (fp32,
+as ampp's O0) both sides compute the same bits. The checkpoint is the training dict ampp reads and
+writes: {"model", "optimizer", "scaler", "epoch" (to continue), "batch" (done in it), "step"}.
+"""
+import argparse
+import gzip
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data.distributed import DistributedSampler
+
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+
+class Cnn(nn.Module):
+    """ampp::train::make_model("cnn"): the same modules under the same names."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.fc1 = nn.Linear(32 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, classes)
+
+    def forward(self, x):
+        x = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
+
+
+def training_images(spec, seed):
+    """ampp::train::load_dataset's training split (images, labels), standardised as ampp does."""
+    if spec.startswith("synthetic"):
+        n = int(spec.split(":")[1]) if ":" in spec else 2048
+        gen = torch.Generator().manual_seed(seed)
+        prototypes = torch.normal(0.0, 1.0, (10, 1, 28, 28), generator=gen)
+        labels = torch.randint(10, (n,), generator=gen, dtype=torch.int64)
+        images = prototypes.index_select(0, labels) + 1.0 * torch.normal(0.0, 1.0, (n, 1, 28, 28), generator=gen)
+    else:
+        folder = FASHION_MNIST if spec == "fashion-mnist" else spec
+        images = read_idx(os.path.join(folder, "train-images-idx3-ubyte.gz")).to(torch.float32).div_(255.0)
+        images = images.unsqueeze(1)
+        labels = read_idx(os.path.join(folder, "train-labels-idx1-ubyte.gz")).to(torch.int64)
+    mean, std = images.mean().item(), images.std().item()
+    return images.sub_(mean).div_(std), labels
+
+
+def save(path, model, opt, scaler, epoch, batch, step):
+    tmp = path + ".tmp"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
+                "epoch": epoch, "batch": batch, "step": step}, tmp)
+    os.replace(tmp, path)  # never a half-written checkpoint
+
+
+def train(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    images, labels = training_images(args.data, args.seed)
+    model = Cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    scaler = torch.amp.GradScaler("cpu", enabled=args.autocast != "bf16")  # bf16 needs no loss scaling
+    epoch = batch = step = 0
+    if args.resume_from:
+        ckpt = torch.load(args.resume_from)  # weights_only: plain data, no code
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        epoch, batch, step = ckpt["epoch"], ckpt.get("batch", 0), ckpt["step"]
+    sampler = DistributedSampler(range(len(labels)), num_replicas=1, rank=0, shuffle=True, seed=args.seed)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
+    model.train()
+    while epoch < args.epochs and step < args.steps:
+        sampler.set_epoch(epoch)
+        order = torch.tensor(list(sampler), dtype=torch.int64)
+        batches = len(order) // args.batch_size
+        while batch < batches and step < args.steps:
+            idx = order[batch * args.batch_size:(batch + 1) * args.batch_size]
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                logits = model(images.index_select(0, idx))
+            loss = F.cross_entropy(logits.float(), labels.index_select(0, idx))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            batch, step = batch + 1, step + 1
+            if step % args.log_every == 0:
+                print(f"step {step}: loss {loss.item():.4f}, scale {scaler.get_scale()}", flush=True)
+        if batch == batches:
+            epoch, batch = epoch + 1, 0
+    if args.save:
+        save(args.save, model, opt, scaler, epoch, batch, step)
+        print(f"saved {args.save}: epoch {epoch}, batch {batch}, step {step}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default="fashion-mnist", help="fashion-mnist, synthetic[:N] or an MNIST-format folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10**12, help="stop when the run has taken this many steps in all")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--autocast", choices=["none", "bf16", "fp16"], default="none")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--resume-from", help="a training dict written by this script or by ampp train")
+    p.add_argument("--save", help="write the training dict here at the end")
+    train(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

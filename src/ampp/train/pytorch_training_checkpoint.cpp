@@ -1,0 +1,92 @@
+// A training run in PyTorch's checkpoint format (pytorch_training_checkpoint.h).
+#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/train/pytorch_training_checkpoint.h>
+
+namespace ampp::train {
+namespace {
+
+int64_t count_entry(const c10::impl::GenericDict& ckpt, const std::string& key, const std::string& path) {
+  if (!ckpt.contains(key)) return 0;
+  const auto& v = ckpt.at(key);
+  TORCH_CHECK(v.isInt() && v.toInt() >= 0, "PyTorch checkpoint '", path, "': \"", key,
+              "\" must be a non-negative int, got ", v.tagKind());
+  return v.toInt();
+}
+
+bool uses_masters(const Amp& amp) { return amp.properties().master_weights().value_or(false); }
+
+// This run's amp state with the file's values: the loss scale and growth tracker of
+// GradScaler.state_dict() when the run scales its loss, and under O2 the masters from the file's float32
+// values (the model then holds them rounded). Sets `scaler_loaded`.
+AmpStateDict amp_state(const c10::impl::GenericDict& scaler, const c10::impl::GenericDict& model_state,
+                       const TrainingObjects& objects, bool& scaler_loaded) {
+  AmpStateDict state = objects.amp.state_dict();
+  scaler_loaded = scaler.contains("scale") && objects.amp.checks_overflow() && state.count("loss_scaler0") > 0;
+  if (scaler_loaded) {
+    auto entry = state.at("loss_scaler0").toGenericDict();
+    entry.insert_or_assign("loss_scale", scaler.at("scale").toDouble());
+    entry.insert_or_assign("unskipped", scaler.contains("_growth_tracker") ? scaler.at("_growth_tracker").toInt() : 0);
+  }
+  if (uses_masters(objects.amp)) {
+    std::vector<torch::Tensor> masters;
+    for (const auto& [name, master] : named_master_params(objects.model, objects.amp))
+      masters.push_back(model_state.at(name).toTensor().to(master.scalar_type()));
+    state["master_params"] = masters;
+  }
+  return state;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> named_master_params(const torch::nn::Module& model, const Amp& amp) {
+  const auto named = model.named_parameters();
+  const auto masters = amp.master_params();
+  TORCH_INTERNAL_ASSERT(named.size() == masters.size(), "one master per model parameter");
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (size_t i = 0; i < masters.size(); ++i) out.emplace_back(named[i].key(), masters[i]);
+  return out;
+}
+
+void save_pytorch_training_checkpoint(const std::string& path, const TrainingObjects& objects,
+                                      const RunPosition& position) {
+  auto model = module_state_dict(objects.model);
+  // The optimizer steps the masters (O2) or the parameters themselves: their values are the run's.
+  for (const auto& [name, master] : named_master_params(objects.model, objects.amp))
+    model.insert_or_assign(name, master.detach().to(torch::kCPU, torch::kFloat).clone());
+  auto ckpt = make_pytorch_dict();
+  ckpt.insert("model", model);
+  ckpt.insert("optimizer", optimizer_state_dict(objects.optimizer));
+  ckpt.insert("scaler", scaler_state_dict(objects.amp.scaler()));
+  ckpt.insert("epoch", position.epoch);
+  ckpt.insert("batch", position.batch);
+  ckpt.insert("step", position.global_step);
+  save_pytorch(ckpt, path);
+}
+
+PyTorchCheckpointContents load_pytorch_training_checkpoint(const std::string& path, const TrainingObjects& objects) {
+  const c10::IValue file = load_pytorch(path);
+  TORCH_CHECK(file.isGenericDict(), "PyTorch checkpoint '", path, "' holds a ", file.tagKind(),
+              ", not a dict: save a model's state_dict() or a dict with \"model\", \"optimizer\", \"scaler\"");
+  const auto ckpt = file.toGenericDict();
+  PyTorchCheckpointContents c;
+  c.weights_only = !(ckpt.contains("model") && ckpt.at("model").isGenericDict());
+  const auto model_state = c.weights_only ? ckpt : ckpt.at("model").toGenericDict();
+  torch::NoGradGuard no_grad;
+  load_module_state_dict(objects.model, model_state);  // strict
+  const auto scaler = !c.weights_only && ckpt.contains("scaler") && ckpt.at("scaler").isGenericDict()
+                          ? ckpt.at("scaler").toGenericDict()
+                          : make_pytorch_dict();
+  objects.amp.load_state_dict(amp_state(scaler, model_state, objects, c.scaler));
+  if (c.weights_only) return c;
+  if (ckpt.contains("optimizer")) {
+    load_optimizer_state_dict(objects.optimizer, ckpt.at("optimizer"));
+    c.optimizer = true;
+  }
+  c.epoch = count_entry(ckpt, "epoch", path);
+  c.batch = count_entry(ckpt, "batch", path);
+  c.step = count_entry(ckpt, "step", path);
+  c.skipped_steps = scaler.contains("_ampp_skipped_steps") ? scaler.at("_ampp_skipped_steps").toInt() : 0;
+  return c;
+}
+
+}  // namespace ampp::train
