@@ -114,6 +114,9 @@ def train(args):
     if args.save:
         save(args.save, model, opt, scaler, epoch, batch, step)
         print(f"saved {args.save}: epoch {epoch}, batch {batch}, step {step}")
+    if args.save_weights:  # what the seed 000 loop saves: the model's state_dict alone
+        torch.save(model.state_dict(), args.save_weights)
+        print(f"saved {args.save_weights}: the model's state_dict")
 
 
 def main():
@@ -131,6 +134,7 @@ def main():
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--resume-from", help="a training dict written by this script or by ampp train")
     p.add_argument("--save", help="write the training dict here at the end")
+    p.add_argument("--save-weights", help="write model.state_dict() alone here at the end (as seed 000 does)")
     train(p.parse_args())
 
 
