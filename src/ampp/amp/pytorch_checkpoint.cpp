@@ -61,20 +61,23 @@ void add_group_options(Dict& g, const torch::optim::OptimizerOptions& options) {
   TORCH_CHECK(false, "PyTorch-format optimizer state: only SGD, Adam and AdamW are supported");
 }
 
+// Adam's and AdamW's parameter states, which LibTorch declares as two types with the same members.
+template <typename AdamState>
+void insert_adam_state(Dict& s, const AdamState& adam) {
+  s.insert("step", torch::tensor(static_cast<float>(adam.step())));  // PyTorch 2.x: a float32 scalar tensor
+  s.insert("exp_avg", cpu_copy(adam.exp_avg())), s.insert("exp_avg_sq", cpu_copy(adam.exp_avg_sq()));
+  if (adam.max_exp_avg_sq().defined()) s.insert("max_exp_avg_sq", cpu_copy(adam.max_exp_avg_sq()));
+}
+
 // One parameter's state as PyTorch names it; an empty dict when the optimizer has none for it yet.
 Dict param_state(const torch::optim::OptimizerParamState& state) {
   Dict s = make_pytorch_dict();
   if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
     s.insert("momentum_buffer", cpu_copy(sgd->momentum_buffer()));
   } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    // PyTorch 2.x keeps the step count as a float32 scalar tensor.
-    s.insert("step", torch::tensor(static_cast<float>(adam->step())));
-    s.insert("exp_avg", cpu_copy(adam->exp_avg())), s.insert("exp_avg_sq", cpu_copy(adam->exp_avg_sq()));
-    if (adam->max_exp_avg_sq().defined()) s.insert("max_exp_avg_sq", cpu_copy(adam->max_exp_avg_sq()));
+    insert_adam_state(s, *adam);
   } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    s.insert("step", torch::tensor(static_cast<float>(adamw->step())));
-    s.insert("exp_avg", cpu_copy(adamw->exp_avg())), s.insert("exp_avg_sq", cpu_copy(adamw->exp_avg_sq()));
-    if (adamw->max_exp_avg_sq().defined()) s.insert("max_exp_avg_sq", cpu_copy(adamw->max_exp_avg_sq()));
+    insert_adam_state(s, *adamw);
   }
   return s;
 }
