@@ -168,3 +168,28 @@ TEST(PyTorchInterop, ResumeFromWithOtherSgdSettingsSaysWhichFlagsToPass) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--momentum 0.5"), std::string::npos) << r.output;
 }
+
+// ampp's own checkpoint.pt continues a run exactly as its checkpoint.ampp does: under O2 the masters
+// come from the file's float32 values (the bf16 model is their rounding), with DDP every worker loads it.
+class ResumeFromOwnFile : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ResumeFromOwnFile, ContinuesBitForBitAsResume) {
+  ampp_test::TempDir tmp;
+  const std::string flags = std::string(GetParam()) + " ";
+  auto run = [&](const std::string& dir, const std::string& extra) {
+    return ampp_test::run_ampp(ampp_test::small_run(tmp.path() / dir, flags + extra));
+  };
+  auto r = run("a", "--steps 5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  fs::create_directories(tmp.path() / "b");
+  fs::copy_file(tmp.path() / "a" / "ckpt" / "checkpoint.pt", tmp.path() / "b" / "start.pt");
+  r = run("a", "--steps 16 --resume");  // from checkpoint.ampp
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("b", "--steps 16 --resume-from " + (tmp.path() / "b" / "start.pt").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  expect_same_run(tmp.path() / "a" / "ckpt" / "checkpoint.pt", tmp.path() / "b" / "ckpt" / "checkpoint.pt");
+}
+
+INSTANTIATE_TEST_SUITE_P(OptLevels, ResumeFromOwnFile,
+                         ::testing::Values("--nproc 1 --opt-level O2 --dtype bf16 --loss-scale dynamic",
+                                           "--nproc 2 --opt-level O1 --dtype fp16"));

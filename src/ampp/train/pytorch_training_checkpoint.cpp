@@ -28,9 +28,12 @@ AmpStateDict amp_state(const c10::impl::GenericDict& scaler, const c10::impl::Ge
     entry.insert_or_assign("unskipped", scaler.contains("_growth_tracker") ? scaler.at("_growth_tracker").toInt() : 0);
   }
   if (uses_masters(objects.amp)) {
+    // Only the parameters with a master of their own (BatchNorm's stay FP32 and are their own master,
+    // already loaded with the model), in the optimizer's order, as Amp::state_dict() lists them.
+    const auto params = objects.model.named_parameters();
     std::vector<torch::Tensor> masters;
     for (const auto& [name, master] : named_master_params(objects.model, objects.amp))
-      masters.push_back(model_state.at(name).toTensor().to(master.scalar_type()));
+      if (!master.is_same(params[name])) masters.push_back(model_state.at(name).toTensor().to(master.scalar_type()));
     state["master_params"] = masters;
   }
   return state;
