@@ -3,6 +3,7 @@
 // backend (Gloo on CPU). Mirrors torch.distributed.init_process_group.
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <torch/arg.h>
@@ -29,6 +30,11 @@ struct InitOptions {
   TORCH_ARG(std::string, interface) = "";
   // Make this group the default one (returned by default_group(), used by DistributedSampler etc.).
   TORCH_ARG(bool, set_default) = true;
+  // Check before every collective that all ranks call the same one with the same shapes and dtypes
+  // (c10d's ProcessGroupWrapper over a second Gloo group), failing on every rank with a message naming
+  // both sides instead of hanging; a rank that never arrives is named after `timeout`. nullopt: on when
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL, as in PyTorch. Costs a fingerprint allgather per collective.
+  TORCH_ARG(std::optional<bool>, check_collectives) = std::nullopt;
 };
 
 // A shared handle to an initialised process group (cheap to copy). rank()/size() are the global

@@ -264,10 +264,18 @@ void check_membership(c10d::Store& store, int rank, int world, std::chrono::mill
   }
 }
 
+// TORCH_DISTRIBUTED_DEBUG=DETAIL turns the collective checks on unless InitOptions says otherwise.
+bool checks_collectives(const InitOptions& options) {
+  if (options.check_collectives()) return *options.check_collectives();
+  const char* level = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  return level && std::string(level) == "DETAIL";
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const std::string& backend,
                                                     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
                                                     std::chrono::milliseconds timeout,
-                                                    const std::string& device_address, const std::string& interface) {
+                                                    const std::string& device_address, const std::string& interface,
+                                                    bool check_collectives = false) {
   if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     if (!interface.empty())
@@ -276,7 +284,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const std::string& backend,
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(device_address));
     else
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    return compat::make_gloo_process_group(store, rank, world, opts);
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> checker;
+    if (check_collectives)  // its own keys in the store, the same devices and timeout
+      checker = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("collective_checks", store), rank, world, opts);
+    return compat::make_gloo_process_group(store, rank, world, opts, checker);
   }
   TORCH_CHECK(backend == "nccl" || backend == "mpi", "ampp::dist::init_process_group: unknown backend '", backend,
               "'. Use \"gloo\" (CPU), \"nccl\" (CUDA) or \"mpi\".");
@@ -413,7 +425,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> connect_backend(const InitOptions& option
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>("ampp/pg/default", store);
   try {
     return make_backend(options.backend(), backend_store, static_cast<int>(m.rank), static_cast<int>(m.world),
-                        options.timeout(), device_address, interface);
+                        options.timeout(), device_address, interface, checks_collectives(options));
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {

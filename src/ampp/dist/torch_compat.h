@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
@@ -16,10 +17,20 @@ namespace ampp::dist::compat {
 // 2.0 split c10d's ProcessGroup (the front that dispatches by device) from Backend (pytorch#88330):
 // ProcessGroupGloo became a Backend and is wrapped in a ProcessGroup. 2.6 dropped the front's
 // Options argument (backend name and timeout now live only in the backend's options).
+// `checker`, when given (a second Gloo group), wraps the backend in c10d's ProcessGroupWrapper, which
+// compares every collective's fingerprint across ranks before running it (TORCH_DISTRIBUTED_DEBUG=DETAIL).
 inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-    const c10::intrusive_ptr<c10d::ProcessGroupGloo::Options>& options) {
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+    const c10::intrusive_ptr<c10d::ProcessGroupGloo::Options>& options,
+    const c10::intrusive_ptr<c10d::ProcessGroupGloo>& checker = {}) {
+#if AMPP_TORCH_AT_LEAST(2, 0)
+  c10::intrusive_ptr<c10d::Backend> gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+  if (checker) gloo = c10::make_intrusive<c10d::ProcessGroupWrapper>(gloo, checker);
+#else
+  c10::intrusive_ptr<c10d::ProcessGroup> gloo =
+      c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+  if (checker) gloo = c10::make_intrusive<c10d::ProcessGroupWrapper>(gloo, checker);
+#endif
 #if AMPP_TORCH_AT_LEAST(2, 6)
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
 #elif AMPP_TORCH_AT_LEAST(2, 0)
