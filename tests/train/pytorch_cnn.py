@@ -4,30 +4,18 @@ checkpoint.pt opens with plain torch.load and loads strictly into it.
     python pytorch_cnn.py CHECKPOINT_PT OUT_JSON     (exit 3: no usable torch here)
 """
 import json
+import os
 import sys
 
 try:
     import torch
-    from torch import nn
 except Exception as e:  # no torch in this Python: the C++ test skips
     print(f"import torch failed: {e!r}", file=sys.stderr)
     sys.exit(3)
 
-
-class Cnn(nn.Module):
-    def __init__(self, classes=10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(32)
-        self.fc1 = nn.Linear(32 * 7 * 7, 128)
-        self.fc2 = nn.Linear(128, classes)
-
-    def forward(self, x):
-        x = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
-        x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
-        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+# The network is the hand-off example's (examples/python/train_cnn.py), one definition for both.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python"))
+from train_cnn import Cnn  # noqa: E402
 
 
 def main(path, out):
