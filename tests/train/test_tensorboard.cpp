@@ -9,19 +9,15 @@
 #include <fstream>
 #include <iterator>
 
+#include "ampp/train/little_endian.h"
 #include "ampp_test.h"
 
 namespace fs = std::filesystem;
 using ampp::train::masked_crc32c;
 using ampp::train::TensorBoardWriter;
+using ampp::train::detail::get_le;
 
 namespace {
-
-uint64_t read_le(const std::string& bytes, size_t at, int width) {
-  uint64_t v = 0;
-  for (int i = width - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(bytes[at + i]);
-  return v;
-}
 
 // The data of every record, each checked against its framing.
 std::vector<std::string> read_records(const std::string& path) {
@@ -31,11 +27,12 @@ std::vector<std::string> read_records(const std::string& path) {
   size_t at = 0;
   while (at < bytes.size()) {
     EXPECT_LE(at + 12, bytes.size()) << "a record header is cut off at byte " << at;
-    const uint64_t length = read_le(bytes, at, 8);
-    EXPECT_EQ(read_le(bytes, at + 8, 4), masked_crc32c(bytes.data() + at, 8)) << "length CRC at byte " << at;
+    const uint64_t length = get_le(bytes.data() + at, 8);
+    EXPECT_EQ(get_le(bytes.data() + at + 8, 4), masked_crc32c(bytes.data() + at, 8)) << "length CRC at byte " << at;
     EXPECT_LE(at + 16 + length, bytes.size()) << "record data cut off at byte " << at;
     const std::string data = bytes.substr(at + 12, length);
-    EXPECT_EQ(read_le(bytes, at + 12 + length, 4), masked_crc32c(data.data(), data.size())) << "data CRC at " << at;
+    EXPECT_EQ(get_le(bytes.data() + at + 12 + length, 4), masked_crc32c(data.data(), data.size()))
+        << "data CRC at " << at;
     records.push_back(data);
     at += 16 + length;
   }

@@ -12,22 +12,15 @@
 #include <mutex>
 #include <sstream>
 
+#include "little_endian.h"
+
 namespace fs = std::filesystem;
 
 namespace ampp::train {
 namespace {
 
-void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void put_u64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint64_t get_le(const char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
+using detail::get_le;
+using detail::put_le;
 
 // An error's message without LibTorch's C++ backtrace: one line for the user.
 std::string first_line(const std::exception& e) {
@@ -53,11 +46,11 @@ std::string checkpoint_file_bytes(const std::string& payload) {
   std::string file;
   file.reserve(kCheckpointHeaderSize + payload.size());
   file.append(kCheckpointMagic, sizeof(kCheckpointMagic));
-  put_u32(file, kCheckpointVersion);
-  put_u32(file, 0);
-  put_u64(file, payload.size());
-  put_u32(file, crc32_of(payload.data(), payload.size()));
-  put_u32(file, crc32_of(file.data(), file.size()));
+  put_le(file, kCheckpointVersion, 4);
+  put_le(file, 0, 4);
+  put_le(file, payload.size(), 8);
+  put_le(file, crc32_of(payload.data(), payload.size()), 4);
+  put_le(file, crc32_of(file.data(), file.size()), 4);
   file += payload;
   return file;
 }

@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "events/tensorboard_events.h"
+#include "little_endian.h"
 
 namespace ampp::train {
 namespace {
@@ -37,10 +38,6 @@ std::string event_file_name() {
   static std::atomic<int> created{0};
   return fmt::format("events.out.tfevents.{}.{}.{}.{}", static_cast<int64_t>(wall_time()), host_name(), ::getpid(),
                      created++);
-}
-
-void put_le(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
 }  // namespace
@@ -73,10 +70,10 @@ TensorBoardWriter::~TensorBoardWriter() {
 void TensorBoardWriter::write_record(const std::string& data) {
   std::string record;
   record.reserve(data.size() + 16);
-  put_le(record, data.size(), 8);
-  put_le(record, masked_crc32c(record.data(), 8), 4);
+  detail::put_le(record, data.size(), 8);
+  detail::put_le(record, masked_crc32c(record.data(), 8), 4);
   record += data;
-  put_le(record, masked_crc32c(data.data(), data.size()), 4);
+  detail::put_le(record, masked_crc32c(data.data(), data.size()), 4);
   out_.write(record.data(), static_cast<std::streamsize>(record.size()));
 }
 
