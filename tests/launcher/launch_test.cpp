@@ -1,4 +1,9 @@
 // ampp::dist::launch as a library call (what `ampp train --nproc N` uses).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 
 #include <gtest/gtest.h>
@@ -7,6 +12,8 @@
 #include <c10/util/Exception.h>
 
 #include <ampp/dist/launcher.h>
+
+#include "ampp/dist/launcher_posix.h"
 
 namespace {
 
@@ -43,6 +50,48 @@ TEST(Launch, ReturnsZeroWhenEveryWorkerSucceedsAndOneOtherwise) {
   EXPECT_EQ(ampp::dist::launch(quiet, {"sh", "-c", "test \"$RANK\" != 1"}), 1);
   // The launcher's signal handlers are restored afterwards, so it can run again.
   EXPECT_EQ(ampp::dist::launch(quiet, {"true"}), 0);
+}
+
+// What the launcher's relay does: write the signal number into a pipe the parent reads.
+int g_relay_fd = -1;
+void relay_to_pipe(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_relay_fd, &byte, 1);
+}
+
+// CI once saw `launch` return 143 ("stopped by SIGTERM") when rank 1 failed: the teardown SIGTERM
+// reached rank 0 between fork() and its handler reset, so rank 0 ran the launcher's handler and
+// wrote into the launcher's pipe. A worker signalled before it is set up must die of the signal
+// without running the parent's handler.
+TEST(Launch, ASignalBeforeTheWorkerResetsItsHandlersNeverRunsTheLaunchersHandler) {
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC | O_NONBLOCK), 0);
+  g_relay_fd = fds[1];
+  struct sigaction relay{}, previous{};
+  relay.sa_handler = relay_to_pipe;
+  sigemptyset(&relay.sa_mask);
+  ASSERT_EQ(::sigaction(SIGTERM, &relay, &previous), 0);
+
+  const pid_t pid = ampp::dist::detail::fork_with_signals_blocked({SIGTERM});
+  if (pid == 0) {
+    ::raise(SIGTERM);  // the teardown signal, arriving at the worst moment
+    ampp::dist::detail::unblock_with_default_handlers({SIGTERM});
+    ::_exit(0);  // not reached: the pending SIGTERM is delivered on unblocking
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ::sigaction(SIGTERM, &previous, nullptr);
+  unsigned char byte = 0;
+  const ssize_t relayed = ::read(fds[0], &byte, 1);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "wait status " << status;
+  EXPECT_EQ(relayed, -1) << "the child ran the parent's handler and relayed signal " << int(byte);
+  // The parent's own mask is as before: SIGTERM is not left blocked.
+  sigset_t now;
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &now);
+  EXPECT_FALSE(sigismember(&now, SIGTERM));
 }
 
 TEST(Launch, RejectsAnEmptyCommandLine) {

@@ -236,11 +236,11 @@ void say(const LaunchOptions& o, const std::string& message) {
   if (o.verbose()) write_fully(STDERR_FILENO, "ampp run: " + message + "\n");
 }
 
+// The launcher's signals plus SIGPIPE: blocked across fork(), default in the worker.
+const std::vector<int> kWorkerDefaultSignals{SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
 [[noreturn]] void exec_worker(const Plan& plan, const std::vector<std::string>& env, int out_fd, int err_fd) {
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_DFL);
+  detail::unblock_with_default_handlers(kWorkerDefaultSignals);
   const int null_fd = ::open("/dev/null", O_RDONLY);
   // Workers sit in their own process group (so the launcher can signal all their descendants);
   // reading the terminal from there would stop them with SIGTTIN, so stdin is /dev/null.
@@ -287,7 +287,7 @@ void start_worker(const Plan& plan, int local_rank, int restart_count, pid_t lau
   int out[2], err[2];
   TORCH_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0,
               "launch: cannot create pipes: ", std::strerror(errno));
-  const pid_t pid = ::fork();
+  const pid_t pid = detail::fork_with_signals_blocked(kWorkerDefaultSignals);
   if (pid == 0) {
     detail::become_worker_process(launcher, SIGKILL);
     exec_worker(plan, env, out[1], err[1]);  // dup2 clears CLOEXEC on fds 1 and 2 only

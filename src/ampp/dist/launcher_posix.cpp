@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -63,6 +64,25 @@ void become_worker_process(pid_t parent, int death_signal) {
   ::prctl(PR_SET_PDEATHSIG, death_signal);
   // The parent may have died between fork() and prctl(): then nobody would signal us.
   if (::getppid() != parent) ::_exit(128 + death_signal);
+}
+
+pid_t fork_with_signals_blocked(const std::vector<int>& signals) {
+  sigset_t block, previous;
+  sigemptyset(&block);
+  for (int sig : signals) sigaddset(&block, sig);
+  ::pthread_sigmask(SIG_BLOCK, &block, &previous);
+  const pid_t pid = ::fork();
+  const int fork_errno = errno;
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  errno = fork_errno;
+  return pid;
+}
+
+void unblock_with_default_handlers(const std::vector<int>& signals) {
+  for (int sig : signals) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
 }
 
 std::vector<int> reap_exited(std::vector<Child>& children) {

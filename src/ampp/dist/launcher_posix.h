@@ -29,6 +29,17 @@ int thread_count();
 // gone, the child exits at once instead of running as an orphan.
 void become_worker_process(pid_t parent, int death_signal);
 
+// fork() with `signals` blocked in the calling thread. Without it, a signal that reaches the child
+// before it has reset its handlers runs the parent's handler in the child: the launcher's handler
+// writes into a pipe the child shares with it, so a worker's teardown SIGTERM would read as a
+// SIGTERM to the launcher. Parent: the previous mask is back before this returns. Child: returns
+// with `signals` still blocked; call unblock_with_default_handlers(signals) once set up.
+pid_t fork_with_signals_blocked(const std::vector<int>& signals);
+
+// Child side: default dispositions for `signals`, then an empty signal mask (in that order, so a
+// signal that arrived in between gets its default action, never the parent's handler).
+void unblock_with_default_handlers(const std::vector<int>& signals);
+
 // A child process started by the parent, tracked until reaped.
 struct Child {
   pid_t pid = -1;
