@@ -79,6 +79,8 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
                         "clip the (unscaled) gradient norm to this (0: off)");
   ampp::cli::add_number(sub, "--seed", o.seed(), "seed for weights, data order and synthetic data");
   sub.add_flag("--deterministic", o.deterministic(), "deterministic algorithms only");
+  sub.add_flag("--sync-bn", o.sync_batch_norm(),
+               "BatchNorm statistics over the global batch of all workers (SyncBatchNorm), not each worker's share");
   ampp::cli::add_number(sub, "--max-consecutive-skips", o.max_consecutive_skips(),
                         "stop with an error after this many steps in a row skipped for inf/NaN gradients (0: never)");
 }

@@ -18,6 +18,8 @@ struct ModelOptions {
   TORCH_ARG(int64_t, height) = 28;
   TORCH_ARG(int64_t, width) = 28;
   TORCH_ARG(int64_t, num_classes) = 10;
+  // ampp::dist::SyncBatchNorm in place of BatchNorm2d (same parameter and buffer names).
+  TORCH_ARG(bool, sync_batch_norm) = false;
 };
 
 // Builds a freshly initialised model (parameters drawn from the global RNG, so seed it

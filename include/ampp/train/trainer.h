@@ -49,6 +49,9 @@ struct TrainOptions {
   TORCH_ARG(int64_t, warmup_steps) = 0;
   // clip_grad_norm_ on the (unscaled) master gradients; 0 = off.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
+  // BatchNorm statistics over the whole global batch (ampp::dist::SyncBatchNorm) instead of each
+  // worker's share of it. The same as plain BatchNorm with one worker; the mlp has no BatchNorm.
+  TORCH_ARG(bool, sync_batch_norm) = false;
   // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).
   TORCH_ARG(int64_t, num_classes) = 0;
   // The run stops with an error after this many steps in a row were skipped for non-finite gradients

@@ -1,6 +1,7 @@
 #include "model_cast.h"
 
 #include <ampp/precision/rounding.h>
+#include <ampp/util/batch_norm_like.h>
 
 #include <torch/nn/modules/batchnorm.h>
 
@@ -12,6 +13,7 @@ bool is_affine_batchnorm(const torch::nn::Module& module) {
   if (const auto* bn = dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module)) return bn->options.affine();
   if (const auto* bn = dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module)) return bn->options.affine();
   if (const auto* bn = dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module)) return bn->options.affine();
+  if (const auto* bn = dynamic_cast<const BatchNormLike*>(&module)) return bn->is_affine();
   return false;
 }
 

@@ -10,7 +10,8 @@
 
 namespace ampp::detail {
 
-/// torch::nn::BatchNorm{1,2,3}d with affine=true (apex keeps exactly these in FP32).
+/// torch::nn::BatchNorm{1,2,3}d or an ampp::BatchNormLike (SyncBatchNorm) with affine=true (apex keeps
+/// exactly these in FP32).
 bool is_affine_batchnorm(const torch::nn::Module& module);
 
 /// The one device type all floating parameters/buffers of `models` live on; throws if mixed or none.

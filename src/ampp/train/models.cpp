@@ -1,11 +1,19 @@
 #include <ampp/train/models.h>
 
+#include <ampp/dist/sync_batch_norm.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 namespace ampp::train {
 namespace {
 namespace nn = torch::nn;
+
+// BatchNorm2d, or SyncBatchNorm for ModelOptions::sync_batch_norm (the same parameter and buffer
+// names, so checkpoints and state dicts do not change).
+nn::AnyModule batch_norm(int64_t channels, const ModelOptions& o) {
+  if (o.sync_batch_norm()) return nn::AnyModule(dist::SyncBatchNorm(channels));
+  return nn::AnyModule(nn::BatchNorm2d(channels));
+}
 
 // 784-256-128-10 with ReLU: the cheapest baseline (~0.24 MFLOP per image).
 struct MlpImpl : ClassifierImpl {
@@ -27,43 +35,47 @@ struct MlpImpl : ClassifierImpl {
 struct CnnImpl : ClassifierImpl {
   explicit CnnImpl(const ModelOptions& o) {
     conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(o.in_channels(), 16, 3).padding(1).bias(false)));
-    bn1 = register_module("bn1", nn::BatchNorm2d(16));
+    bn1 = batch_norm(16, o);
+    register_module("bn1", bn1.ptr());
     conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)));
-    bn2 = register_module("bn2", nn::BatchNorm2d(32));
+    bn2 = batch_norm(32, o);
+    register_module("bn2", bn2.ptr());
     fc1 = register_module("fc1", nn::Linear(32 * (o.height() / 4) * (o.width() / 4), 128));
     fc2 = register_module("fc2", nn::Linear(128, o.num_classes()));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::max_pool2d(torch::relu(bn1->forward(conv1->forward(x))), 2);
-    x = torch::max_pool2d(torch::relu(bn2->forward(conv2->forward(x))), 2);
+    x = torch::max_pool2d(torch::relu(bn1.forward(conv1->forward(x))), 2);
+    x = torch::max_pool2d(torch::relu(bn2.forward(conv2->forward(x))), 2);
     x = torch::relu(fc1->forward(x.flatten(1)));
     return fc2->forward(x);
   }
   nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  nn::AnyModule bn1, bn2;
   nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
 // He et al.'s basic block: two 3x3 conv-BN, identity or 1x1-conv shortcut.
 struct BasicBlockImpl : nn::Module {
-  BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride, const ModelOptions& o) {
     conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
-    bn1 = register_module("bn1", nn::BatchNorm2d(out));
+    bn1 = batch_norm(out, o);
+    register_module("bn1", bn1.ptr());
     conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
-    bn2 = register_module("bn2", nn::BatchNorm2d(out));
+    bn2 = batch_norm(out, o);
+    register_module("bn2", bn2.ptr());
     if (stride != 1 || in != out) {
-      shortcut = register_module(
-          "shortcut",
-          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), nn::BatchNorm2d(out)));
+      shortcut = nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+      shortcut->push_back(batch_norm(out, o));
+      register_module("shortcut", shortcut);
     }
   }
   torch::Tensor forward(torch::Tensor x) {
-    auto y = torch::relu(bn1->forward(conv1->forward(x)));
-    y = bn2->forward(conv2->forward(y));
+    auto y = torch::relu(bn1.forward(conv1->forward(x)));
+    y = bn2.forward(conv2->forward(y));
     return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
   }
   nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  nn::AnyModule bn1, bn2;
   nn::Sequential shortcut{nullptr};
 };
 TORCH_MODULE(BasicBlock);
@@ -73,19 +85,20 @@ TORCH_MODULE(BasicBlock);
 struct ResNetImpl : ClassifierImpl {
   explicit ResNetImpl(const ModelOptions& o) {
     stem = register_module("stem", nn::Conv2d(nn::Conv2dOptions(o.in_channels(), 16, 3).padding(1).bias(false)));
-    bn = register_module("bn", nn::BatchNorm2d(16));
-    layer1 = register_module("layer1", BasicBlock(16, 16, 1));
-    layer2 = register_module("layer2", BasicBlock(16, 32, 2));
-    layer3 = register_module("layer3", BasicBlock(32, 64, 2));
+    bn = batch_norm(16, o);
+    register_module("bn", bn.ptr());
+    layer1 = register_module("layer1", BasicBlock(16, 16, 1, o));
+    layer2 = register_module("layer2", BasicBlock(16, 32, 2, o));
+    layer3 = register_module("layer3", BasicBlock(32, 64, 2, o));
     fc = register_module("fc", nn::Linear(64, o.num_classes()));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(bn->forward(stem->forward(x)));
+    x = torch::relu(bn.forward(stem->forward(x)));
     x = layer3->forward(layer2->forward(layer1->forward(x)));
     return fc->forward(x.mean({2, 3}));
   }
   nn::Conv2d stem{nullptr};
-  nn::BatchNorm2d bn{nullptr};
+  nn::AnyModule bn;
   BasicBlock layer1{nullptr}, layer2{nullptr}, layer3{nullptr};
   nn::Linear fc{nullptr};
 };

@@ -22,6 +22,9 @@ void validate_model_and_precision(const TrainOptions& o) {
               "TrainOptions::num_classes must be 0 (from the data) or 2 to 100000, got ", o.num_classes());
   TORCH_CHECK(o.dtype() == c10::kHalf || o.dtype() == c10::kBFloat16, "TrainOptions::dtype must be bf16 or fp16, got ",
               c10::toString(o.dtype()));
+  TORCH_CHECK(!(o.sync_batch_norm() && o.model() == "mlp"),
+              "TrainOptions::sync_batch_norm: the mlp model has no BatchNorm to synchronise; use --model cnn or "
+              "resnet, or drop --sync-bn");
 }
 
 void validate_optimization(const TrainOptions& o) {

@@ -5,6 +5,7 @@
 #include <ampp/dist/heartbeat.h>
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>
+#include <ampp/dist/sync_batch_norm.h>
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/nonfinite_locator.h>
@@ -133,9 +134,14 @@ Properties amp_properties(const TrainOptions& o) {
   return props;
 }
 
-ModelOptions model_options_for(const Dataset& train) {
+ModelOptions model_options_for(const Dataset& train, const TrainOptions& o) {
   const auto& img = train.images;
-  return ModelOptions().in_channels(img.size(1)).height(img.size(2)).width(img.size(3)).num_classes(train.num_classes);
+  return ModelOptions()
+      .in_channels(img.size(1))
+      .height(img.size(2))
+      .width(img.size(3))
+      .num_classes(train.num_classes)
+      .sync_batch_norm(o.sync_batch_norm());
 }
 
 std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelOptions& model_options) {
@@ -155,7 +161,7 @@ struct Run {
         workers(std::move(workers_in)),
         data(load_dataset(o.data(), o.seed(), o.num_classes())),
         per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
-        model_options(model_options_for(data.train)),
+        model_options(model_options_for(data.train, o)),
         model(seeded_model(o, model_options)),
         optimizer(model->parameters(),
                   torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay())),
@@ -465,10 +471,12 @@ torch::Tensor maybe_inject_inf(const Run& run, const torch::Tensor& loss) {
 // under a NonFiniteLocator to find the op (and module) where the first inf/NaN was born. The step was
 // skipped, so the weights are the ones it saw; the model is called directly (not through DDP, whose
 // hooks stay disarmed: no collective), BatchNorm's statistics are put back and the gradients dropped.
+// SyncBatchNorm uses rank 0's own batch statistics here: the other ranks do not take part.
 void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
   run.buffer_guard.save();
   std::optional<NonFiniteOrigin> origin;
   {
+    dist::LocalBatchNormGuard no_collectives;
     NonFiniteLocator locate(*run.model);
     auto logits = run.amp.forward(run.model, batch.data).to(torch::kFloat32);
     (torch::nn::functional::cross_entropy(logits, batch.target) * scale).backward();
