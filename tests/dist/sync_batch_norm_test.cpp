@@ -181,7 +181,7 @@ TEST(SyncBatchNorm, UnderALocalGuardOneRankTrainsAloneWithItsOwnStatistics) {
 TEST(SyncBatchNorm, WithoutAProcessGroupItIsBatchNorm) {
   ASSERT_FALSE(ampp::dist::is_initialized());
   SyncBatchNorm sync(SyncBatchNormOptions(kChannels).momentum(std::nullopt));
-  torch::nn::BatchNorm1d reference(torch::nn::BatchNormOptions(kChannels).momentum(std::nullopt));
+  torch::nn::BatchNorm1d reference(torch::nn::BatchNormOptions(kChannels).momentum(c10::nullopt));
   for (int step = 0; step < 3; ++step) {
     const auto x = torch::randn({6, kChannels});
     EXPECT_TRUE(sync->forward(x).equal(reference->forward(x)));
