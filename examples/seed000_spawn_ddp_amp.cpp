@@ -8,6 +8,8 @@
 // dist.init_process_group(backend, init_method=dist_url,   ampp::dist::init_process_group(InitOptions()
 //                         world_size, rank)                  .init_method(dist_url).world_size(..).rank(..))
 // args.batch_size = int(args.batch_size / ngpus_per_node)  batch_size = args.batch_size / ngpus_per_node
+// model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  make_model("cnn", ModelOptions().sync_batch_norm(true))
+//   (only with --sync-bn; PyTorch's SyncBatchNorm is GPU-only, ampp's runs on Gloo/CPU)
 // model = DistributedDataParallel(model, device_ids=[gpu]) ampp::dist::DistributedDataParallel ddp(model)
 // optimizer = SGD(params, 0.1, momentum=0.9, wd=1e-4)      torch::optim::SGD(..., SGDOptions(0.1)...)
 // scheduler = StepLR(optimizer, step_size=30, gamma=0.1)   torch::optim::StepLR scheduler(opt, 30, 0.1)
@@ -44,7 +46,16 @@ struct Args {
   int nprocs = 2;
   std::string dtype = "bf16";
   std::string checkpoint = "seed000_checkpoint.pt";
+  bool sync_bn = false;
 };
+
+// Whether `t` is bitwise the same on every rank (MAX and MIN of it agree).
+bool same_on_every_rank(const ampp::dist::ProcessGroup& pg, const torch::Tensor& t) {
+  std::vector<torch::Tensor> max{t.to(torch::kFloat64)}, min{max[0].clone()};
+  pg.c10d()->allreduce(max, c10d::AllreduceOptions{c10d::ReduceOp::MAX})->wait();
+  pg.c10d()->allreduce(min, c10d::AllreduceOptions{c10d::ReduceOp::MIN})->wait();
+  return torch::equal(max[0], min[0]);
+}
 
 void main_worker(int gpu, int ngpus_per_node, Args args) {
   torch::manual_seed(args.seed);
@@ -52,7 +63,8 @@ void main_worker(int gpu, int ngpus_per_node, Args args) {
   auto pg = ampp::dist::init_process_group(
       ampp::dist::InitOptions().init_method(args.dist_url).world_size(args.world_size).rank(rank));
   auto data = ampp::train::make_synthetic(ampp::train::SyntheticOptions().seed(args.seed));
-  auto model = ampp::train::make_model("cnn");
+  // With --sync-bn, BatchNorm's statistics are those of the whole node batch (all ranks).
+  auto model = ampp::train::make_model("cnn", ampp::train::ModelOptions().sync_batch_norm(args.sync_bn));
   const int64_t batch_size = args.batch_size / ngpus_per_node;  // per-process batch
   ampp::dist::DistributedDataParallel ddp(model, pg);
 
@@ -93,13 +105,15 @@ void main_worker(int gpu, int ngpus_per_node, Args args) {
                  args.checkpoint);
     }
   }
-  // Every rank must hold the same weights after DDP training.
+  // Every rank must hold the same weights after DDP training; with SyncBatchNorm also the same
+  // running statistics (plain BatchNorm's differ after the last forward: each rank saw its own batch).
   std::vector<torch::Tensor> flat_params;
   for (const auto& p : ddp.parameters()) flat_params.push_back(p.detach().flatten());
-  auto flat = torch::cat(flat_params).to(torch::kFloat64);
-  std::vector<torch::Tensor> gathered{flat.clone()};
-  pg.c10d()->allreduce(gathered, c10d::AllreduceOptions{c10d::ReduceOp::MAX})->wait();
-  TORCH_CHECK(torch::equal(gathered[0], flat), "rank ", rank, ": parameters differ across ranks");
+  TORCH_CHECK(same_on_every_rank(pg, torch::cat(flat_params)), "rank ", rank, ": parameters differ across ranks");
+  if (args.sync_bn) {
+    for (const auto& b : model->named_buffers())
+      TORCH_CHECK(same_on_every_rank(pg, b.value()), "rank ", rank, ": ", b.key(), " differs across ranks");
+  }
   TORCH_CHECK(last_loss < first_loss, "rank ", rank, ": loss did not fall (", first_loss, " -> ", last_loss, ")");
 }
 
@@ -118,6 +132,7 @@ int main(int argc, char** argv) {
   app.add_option("--nprocs", args.nprocs, "processes per node (the seed's GPU count)")->check(CLI::PositiveNumber);
   app.add_option("--dtype", args.dtype)->check(CLI::IsMember({"bf16", "fp16"}));
   app.add_option("--checkpoint", args.checkpoint);
+  app.add_flag("--sync-bn", args.sync_bn, "SyncBatchNorm (convert_sync_batchnorm in the Python seed)");
   CLI11_PARSE(app, argc, argv);
 
   const int ngpus_per_node = args.nprocs;

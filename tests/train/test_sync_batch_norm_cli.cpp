@@ -2,7 +2,9 @@
 // whole global batch; without it their BatchNorm sees only each worker's half (so they do not).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -50,6 +52,23 @@ TEST(SyncBatchNormCli, TwoWorkersTakeTheStepOneWorkerTakesOnTheWholeBatch) {
   const std::string unsynced = tensors_that_differ(reference, model_tensors(plain.path() / "out" / "model.pt"));
   EXPECT_NE(unsynced.find("bn1.running_var"), std::string::npos) << unsynced;
   EXPECT_NE(unsynced.find("conv1.weight"), std::string::npos) << unsynced;
+}
+
+// The doctor replays the first skipped step on rank 0 alone; SyncBatchNorm must not wait there for
+// rank 1 (a collective rank 1 never joins: without LocalBatchNormGuard this fails after --timeout).
+TEST(SyncBatchNormCli, TheDoctorsReplayOnRankZeroAloneDoesNotWaitForTheOtherWorker) {
+  ampp_test::TempDir tmp;
+  const auto out = tmp.path() / "doctor";
+  const auto r = run_ampp(
+      "doctor --data synthetic:384 --model cnn --batch-size 32 --threads 1 --quiet --nproc 2 --sync-bn --steps 3 "
+      "--no-plots --timeout 20 --loss-scale 1099511627776 --out " +
+      out.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(out / "doctor.json");
+  const auto report = nlohmann::json::parse(in);
+  const auto& found = report.at("first_non_finite");
+  EXPECT_EQ(found.at("step"), 1) << found.dump();
+  EXPECT_TRUE(found.at("origin").is_string()) << found.dump();
 }
 
 TEST(SyncBatchNormCli, TheMlpHasNoBatchNormToSynchronise) {

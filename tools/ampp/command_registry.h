@@ -80,11 +80,12 @@ std::optional<T> parse_as(const std::string& text) {
 // 99999999999999999999 into INT64_MAX without a word. The field's value is the shown default.
 template <typename T>
 CLI::Option* add_number(CLI::App& sub, const std::string& name, T& field, const std::string& help) {
-  // parse_int reads int64, so an unsigned field's largest value is int64's.
-  const auto largest = std::min<uint64_t>(std::numeric_limits<T>::max(), std::numeric_limits<int64_t>::max());
-  const std::string kind = std::is_integral_v<T>
-                               ? fmt::format("an integer in {}..{}", std::numeric_limits<T>::min(), largest)
-                               : std::string("a finite number");
+  std::string kind = "a finite number";
+  if constexpr (std::is_integral_v<T>) {
+    // parse_int reads int64, so an unsigned field's largest value is int64's.
+    const auto largest = std::min<uint64_t>(std::numeric_limits<T>::max(), std::numeric_limits<int64_t>::max());
+    kind = fmt::format("an integer in {}..{}", std::numeric_limits<T>::min(), largest);
+  }
   auto check = CLI::Validator(
       [kind](std::string& text) -> std::string {
         return parse_as<T>(text) ? std::string() : "'" + text + "' is not " + kind;

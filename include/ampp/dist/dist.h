@@ -1,5 +1,5 @@
 #pragma once
-// ampp::dist: process groups, DistributedDataParallel, comm hooks, DistributedSampler, spawn and
+// ampp::dist: process groups, DistributedDataParallel, SyncBatchNorm, comm hooks, DistributedSampler, spawn and
 // the launcher behind `ampp run`.
 #include <ampp/dist/comm_hooks.h>
 #include <ampp/dist/ddp.h>
@@ -8,3 +8,4 @@
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>
 #include <ampp/dist/spawn.h>
+#include <ampp/dist/sync_batch_norm.h>

@@ -104,7 +104,7 @@ void check_ended_op(NonFiniteLocator::State& st, const at::RecordFunction& fn) {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   NonFiniteLocator::State* st = current;
   if (st == nullptr || st->checking) return nullptr;
-  OpenOp op{fn.name(), ++st->seen, {}, true};
+  OpenOp op{fn.name(), ++st->seen, {}, true, {}};
   if (!st->first) {  // after the first finding nothing more is checked
     st->checking = true;
     try {
