@@ -118,6 +118,8 @@ class DistributedDataParallel {
   DistributedDataParallel* operator->() { return this; }
 
   NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+  // For ampp::dist::join (join.h): uneven numbers of batches per rank.
+  Joinable& joinable() { return *reducer_; }
   void register_comm_hook(CommHook hook) { reducer_->register_comm_hook(std::move(hook)); }
   void register_builtin_comm_hook(BuiltinCommHook type) {
     reducer_->register_comm_hook(builtin_comm_hook(type, reducer_->process_group()));

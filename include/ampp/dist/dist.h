@@ -3,6 +3,7 @@
 // the launcher behind `ampp run`.
 #include <ampp/dist/comm_hooks.h>
 #include <ampp/dist/ddp.h>
+#include <ampp/dist/join.h>
 #include <ampp/dist/launcher.h>
 #include <ampp/dist/log.h>
 #include <ampp/dist/process_group.h>

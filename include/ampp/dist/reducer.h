@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 
 #include <ampp/dist/comm_hooks.h>
+#include <ampp/dist/join.h>
 #include <ampp/dist/process_group.h>
 
 namespace ampp::dist {
@@ -41,13 +42,13 @@ struct IterationTimeline {
   std::vector<BucketTimeline> buckets;
 };
 
-class Reducer {
+class Reducer : public Joinable {
  public:
   // Takes the module's parameters (deduplicated, requires_grad only, registration order) and
   // buffers, checks that every rank has the same model, broadcasts rank 0's parameters and
   // buffers, builds buckets and installs the gradient hooks.
   Reducer(std::shared_ptr<torch::nn::Module> module, ProcessGroup group, DistributedDataParallelOptions options);
-  ~Reducer();
+  ~Reducer() override;
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
@@ -67,6 +68,13 @@ class Reducer {
   const std::vector<std::string>& parameter_names() const;
   IterationTimeline last_timeline() const;
   const ProcessGroup& process_group() const;
+
+  // Joinable (join.h): an active rank's forward starts with one allreduce of who is active and who
+  // will reduce gradients; a joined rank answers with zeros and shadows the buffer broadcast, the
+  // bucket rebuild and the bucket allreduces (through the comm hook, if any) with zero gradients.
+  void set_join_mode(const JoinOptions* options) override;
+  int shadow_iteration() override;
+  void finish_join(bool active_to_the_end) override;
 
   struct Impl;
 

@@ -12,6 +12,7 @@
 #include <ampp/dist/reducer.h>
 
 #include <ampp/dist/log.h>
+#include <ampp/dist/sync_batch_norm.h>
 
 #include "torch_compat.h"
 
@@ -40,6 +41,13 @@ struct Bucket {
   std::vector<torch::Tensor> views;
   size_t pending = 0;
   FuturePtr future;
+};
+
+// One round of join mode: who is active, who will reduce gradients, whose buffers count.
+struct JoinRound {
+  int active = 0;
+  int syncing = 0;
+  int authoritative = 0;  // the highest active rank
 };
 
 // A tensor over `length(sizes)` elements of `contents` from `offset`, made with set_() rather
@@ -122,6 +130,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   FuturePtr used_future;
   mutable std::mutex timeline_mu;
   IterationTimeline timeline, last_timeline;
+  int64_t synced_backwards = 0;       // synchronised backwards done (or shadowed) on this rank
+  const JoinOptions* join = nullptr;  // join mode (join.h) while set
 
   // Buckets fill in `order`, which should be the order gradients become ready in backward, so that
   // buckets complete (and start communicating) one after another while backward still runs.
@@ -131,7 +141,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   // PyTorch's rebuild_buckets: the first synchronised backward records the order gradients became
   // ready; before the next one, buckets are rebuilt in rank 0's order (ranks may see different
   // orders, and all must bucket alike). Once, and not with find_unused_parameters (as PyTorch).
-  void rebuild_buckets_once();
+  void rebuild_buckets_once(int source);
   void install_hooks();
   void install_hook(size_t i, compat::NodePtr acc);
 
@@ -147,6 +157,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   void mark_bucket_ready();
   void launch(size_t b);
   void finalize_backward();
+  JoinRound join_round(bool active, bool syncing);
+  void shadow_backward();
 };
 
 std::vector<std::vector<size_t>> Reducer::Impl::assign_buckets(const std::vector<size_t>& order) const {
@@ -177,12 +189,19 @@ void Reducer::Impl::build_buckets(std::vector<std::vector<size_t>> indices) {
   }
 }
 
-void Reducer::Impl::rebuild_buckets_once() {
-  if (has_rebuilt_buckets || options.find_unused_parameters() || ready_order.size() != params.size()) return;
+void Reducer::Impl::rebuild_buckets_once(int source) {
+  // After the first synchronised backward, on every rank alike (joined ranks count shadowed ones).
+  if (has_rebuilt_buckets || options.find_unused_parameters() || synced_backwards < 1) return;
   has_rebuilt_buckets = true;
-  auto order_tensor = torch::tensor(std::vector<int64_t>(ready_order.begin(), ready_order.end()), torch::kLong);
+  // The source's order of gradients; a joined source that never ran a backward sends the current one.
+  std::vector<int64_t> mine(ready_order.begin(), ready_order.end());
+  if (mine.size() != params.size()) {
+    mine.clear();
+    for (const auto& bucket : bucket_indices) mine.insert(mine.end(), bucket.begin(), bucket.end());
+  }
+  auto order_tensor = torch::tensor(mine, torch::kLong);
   std::vector<torch::Tensor> broadcast{order_tensor};
-  group.c10d()->broadcast(broadcast, c10d::BroadcastOptions{0, 0})->wait();
+  group.c10d()->broadcast(broadcast, c10d::BroadcastOptions{source, 0})->wait();
   const auto* rank0 = order_tensor.data_ptr<int64_t>();
   const std::vector<size_t> order(rank0, rank0 + order_tensor.numel());
   ready_order = {};
@@ -417,6 +436,7 @@ void Reducer::Impl::finalize_backward() {
   // Whatever happens below, this iteration is over (an error propagates out of backward()).
   expect_hooks = false;
   require_finalize = false;
+  ++synced_backwards;
   torch::Tensor global_used;
   if (options.find_unused_parameters()) {
     used_future->waitAndThrow();
@@ -514,12 +534,21 @@ Reducer::~Reducer() = default;
 void Reducer::pre_forward() {
   auto& s = *impl_;
   s.refresh_hooks();
-  if (torch::GradMode::is_enabled() && s.require_backward_grad_sync) {
+  const bool sync = torch::GradMode::is_enabled() && s.require_backward_grad_sync;
+  int source = 0;  // of the buffers and of the bucket order
+  if (s.join) {
+    const JoinRound round = s.join_round(/*active=*/true, sync);
+    TORCH_CHECK(!s.join->throw_on_early_termination() || round.active == s.group.size(),
+                "ampp::dist::join: detected at least one rank that exhausted its inputs "
+                "(JoinOptions::throw_on_early_termination); throwing on every rank");
+    source = round.authoritative;
+  }
+  if (sync) {
     s.ensure_prior_reduction_finished();
-    s.rebuild_buckets_once();
+    s.rebuild_buckets_once(source);
   }
   if (s.options.broadcast_buffers() && s.require_forward_param_sync && !s.buffers.empty())
-    broadcast_coalesced(s.group, s.buffers, kBroadcastChunkBytes, 0);
+    broadcast_coalesced(s.group, s.buffers, kBroadcastChunkBytes, source);
 }
 
 void Reducer::post_forward(const std::vector<torch::Tensor>& outputs) {
@@ -533,6 +562,84 @@ void Reducer::post_forward(const std::vector<torch::Tensor>& outputs) {
     s.require_forward_param_sync = false;
     s.expect_hooks = false;
   }
+}
+
+// ---- join mode (join.h) ----
+
+JoinRound Reducer::Impl::join_round(bool active, bool syncing) {
+  const int world = group.size(), rank = group.rank();
+  std::vector<torch::Tensor> flags{torch::zeros({2 * world}, torch::kInt)};  // [active ranks | syncing ranks]
+  if (active) flags[0][rank] = 1;
+  if (syncing) flags[0][world + rank] = 1;
+  group.c10d()->allreduce(flags)->wait();
+  const auto* f = flags[0].data_ptr<int>();
+  JoinRound round;
+  for (int r = 0; r < world; ++r) {
+    round.active += f[r];
+    round.syncing += f[world + r];
+    if (f[r]) round.authoritative = r;
+  }
+  return round;
+}
+
+// The active ranks' backward as a joined rank sees it: every bucket reduced (through the comm hook, if
+// any) with zero gradients, in bucket order, then the unused-parameter allreduce.
+void Reducer::Impl::shadow_backward() {
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.contents.zero_();  // this rank's own gradients are stale anyway: finish_join replaces the model
+    std::vector<torch::Tensor> bucket_params;
+    for (size_t v : bucket.vars) bucket_params.push_back(params[v]);
+    GradBucket grad_bucket(b, buckets.size(), bucket.contents, bucket.offsets, bucket.lengths, bucket_params);
+    bucket.future = hook ? hook(grad_bucket) : allreduce_sum_async(group, bucket.contents);
+  }
+  for (auto& bucket : buckets) bucket.future->waitAndThrow();
+  if (options.find_unused_parameters())
+    allreduce_sum_async(group, torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt))->waitAndThrow();
+  ++synced_backwards;
+}
+
+void Reducer::set_join_mode(const JoinOptions* options) {
+  if (options != nullptr) {
+    for (const auto& m : impl_->module->modules()) {
+      const auto* bn = dynamic_cast<const SyncBatchNormImpl*>(m.get());
+      TORCH_CHECK(!bn || !bn->sync_group() || bn->sync_group().size() < 2,
+                  "ampp::dist::join cannot shadow SyncBatchNorm's collectives (they depend on the data of the "
+                  "forward a joined rank does not run); give every rank the same number of batches instead "
+                  "(DistributedSampler pads them equal; drop the last partial batch)");
+    }
+  }
+  impl_->join = options;
+}
+
+int Reducer::shadow_iteration() {
+  auto& s = *impl_;
+  TORCH_CHECK(s.join, "Reducer::shadow_iteration outside ampp::dist::join");
+  const JoinRound round = s.join_round(/*active=*/false, /*syncing=*/false);
+  TORCH_CHECK(!s.join->throw_on_early_termination(), "ampp::dist::join: rank ", s.group.rank(),
+              " exhausted its inputs (JoinOptions::throw_on_early_termination); every rank throws");
+  if (round.active == 0) return 0;
+  const bool sync = round.syncing > 0;
+  if (sync) s.rebuild_buckets_once(round.authoritative);
+  if (s.options.broadcast_buffers() && s.require_forward_param_sync && !s.buffers.empty())
+    broadcast_coalesced(s.group, s.buffers, kBroadcastChunkBytes, round.authoritative);
+  s.require_forward_param_sync = sync;  // what the active ranks' post_forward decides
+  if (sync) s.shadow_backward();
+  return round.active;
+}
+
+void Reducer::finish_join(bool active_to_the_end) {
+  auto& s = *impl_;
+  std::vector<torch::Tensor> source{torch::full({1}, active_to_the_end ? s.group.rank() : -1, torch::kInt)};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  s.group.c10d()->allreduce(source, max)->wait();
+  std::vector<torch::Tensor> state;
+  for (const auto& item : s.module->named_parameters(true)) state.push_back(item.value());
+  state.insert(state.end(), s.buffers.begin(), s.buffers.end());
+  torch::NoGradGuard no_grad;
+  broadcast_coalesced(s.group, state, kBroadcastChunkBytes, source[0].item<int>());
 }
 
 void Reducer::set_require_backward_grad_sync(bool on) { impl_->require_backward_grad_sync = on; }
