@@ -11,8 +11,6 @@
 namespace ampp_test {
 namespace {
 
-constexpr int kMaxSteps = 5;
-
 // One process's view of the whole run: per step, the gradient DDP must produce, where rank r takes
 // part while step < batches[r] (a joined rank contributes zeros; the sum is divided by 2).
 struct Reference {
@@ -23,7 +21,7 @@ Reference reference_run(const std::vector<int>& batches) {
   auto model = make_model(1);  // rank 0's seed: what DDP broadcast
   torch::optim::SGD opt(model->parameters(), 0.1);
   Reference ref;
-  for (int step = 0; step < kMaxSteps; ++step) {
+  for (int step = 0; step < std::max(batches[0], batches[1]); ++step) {
     opt.zero_grad();
     for (int r = 0; r < 2; ++r) {
       if (step >= batches[static_cast<size_t>(r)]) continue;
