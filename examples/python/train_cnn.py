@@ -75,6 +75,18 @@ def save(path, model, opt, scaler, epoch, batch, step):
     os.replace(tmp, path)  # never a half-written checkpoint
 
 
+def train_step(model, opt, scaler, dtype, images, labels):
+    """One optimizer step of ampp train's loop (autocast to `dtype` if given, loss in float32)."""
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        logits = model(images)
+    loss = F.cross_entropy(logits.float(), labels)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    return loss
+
+
 def train(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -99,13 +111,7 @@ def train(args):
         batches = len(order) // args.batch_size
         while batch < batches and step < args.steps:
             idx = order[batch * args.batch_size:(batch + 1) * args.batch_size]
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-                logits = model(images.index_select(0, idx))
-            loss = F.cross_entropy(logits.float(), labels.index_select(0, idx))
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            loss = train_step(model, opt, scaler, dtype, images.index_select(0, idx), labels.index_select(0, idx))
             batch, step = batch + 1, step + 1
             if step % args.log_every == 0:
                 print(f"step {step}: loss {loss.item():.4f}, scale {scaler.get_scale()}", flush=True)

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""ampp against Python PyTorch on the same job, side by side: `ampp train` and bench/peer/peer_train.py
+(the same models, data, sampler, batch, SGD, DDP over Gloo, autocast), alternating, several rounds (the
+order flips every round), per configuration. Prints per configuration the medians and the ratios
+ampp/Python of images/s, peak RSS (the largest process of each run's process tree: the max over ranks, from
+the kernel's accounting of the waited-for children), wall time from start to the final accuracy, and the
+final test accuracies side by side.
+
+    python3 bench/peer/compare.py --ampp build/bin/ampp [--python .venv/bin/python] [--rounds 3]
+        [--models cnn mlp] [--precisions fp32 bf16] [--epochs 3] [--nproc 2]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+PEER = Path(__file__).resolve().parent / "peer_train.py"
+AMPP_PRECISION = {"fp32": ["--opt-level", "O0"], "bf16": ["--opt-level", "O1", "--dtype", "bf16"],
+                  "fp16": ["--opt-level", "O1", "--dtype", "fp16"]}
+
+
+def timed(cmd):
+    """Runs cmd; returns (wall seconds, peak RSS in MiB of its largest process)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr.read().decode()}")
+    return wall, usage.ru_maxrss / 1024.0
+
+
+def run_ampp(a, model, precision, out):
+    cmd = [a.ampp, "train", "--model", model, "--nproc", str(a.nproc), "--epochs", str(a.epochs), "--seed", "0",
+           "--out", str(out), "--quiet", "--no-plots"] + AMPP_PRECISION[precision]
+    wall, rss = timed(cmd)
+    s = json.loads((out / "summary.json").read_text())
+    return {"images_per_sec": s["images_per_sec"], "rss": rss, "wall": wall, "accuracy": s["test_accuracy"]}
+
+
+def run_python(a, model, precision, out):
+    cmd = [a.python, str(PEER), "--model", model, "--precision", precision, "--nproc", str(a.nproc),
+           "--epochs", str(a.epochs), "--out", str(out)]
+    wall, rss = timed(cmd)
+    s = json.loads(out.read_text())
+    return {"images_per_sec": s["images_per_sec"], "rss": rss, "wall": wall, "accuracy": s["test_accuracy"]}
+
+
+def median(runs, key):
+    return statistics.median(r[key] for r in runs)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ampp", required=True)
+    ap.add_argument("--python", default=str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"))
+    ap.add_argument("--models", nargs="+", default=["cnn", "mlp"])
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=sorted(AMPP_PRECISION))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--nproc", type=int, default=2)
+    a = ap.parse_args()
+    print(f"load average before: {open('/proc/loadavg').read().split()[:3]}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in a.models:
+            for precision in a.precisions:
+                ampp, py = [], []
+                for r in range(a.rounds):
+                    order = [("ampp", run_ampp, ampp), ("python", run_python, py)]
+                    for name, fn, into in (order if r % 2 == 0 else order[::-1]):
+                        out = Path(tmp) / f"{model}-{precision}-{name}-{r}"
+                        into.append(fn(a, model, precision, out if name == "ampp" else out.with_suffix(".json")))
+                    print(f"{model} {precision} round {r}: ampp {ampp[-1]}, python {py[-1]}", flush=True)
+                rows.append((model, precision, ampp, py))
+    print(f"\n{a.nproc} processes x 1 thread, global batch 128, {a.epochs} epochs, {a.rounds} rounds (medians):")
+    print("| model | precision | images/s ampp | Python | ratio | peak RSS MiB ampp | Python | ratio "
+          "| wall s ampp | Python | ratio | test accuracy ampp | Python |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for model, precision, ampp, py in rows:
+        cells = [model, precision]
+        for key, fmt in (("images_per_sec", "{:.0f}"), ("rss", "{:.0f}"), ("wall", "{:.1f}")):
+            x, y = median(ampp, key), median(py, key)
+            cells += [fmt.format(x), fmt.format(y), f"{x / y:.2f}"]
+        cells += [f"{median(ampp, 'accuracy'):.2f}", f"{median(py, 'accuracy'):.2f}"]
+        print("| " + " | ".join(cells) + " |")
+    print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
+
+
+if __name__ == "__main__":
+    main()

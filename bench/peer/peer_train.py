@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""`ampp train`'s job in Python PyTorch, for the peer benchmark (bench/peer/compare.py).
+
+The same models under the same names (`mlp`, `cnn`, `resnet` of ampp::train::make_model), the same data
+(Fashion-MNIST from Debian's dataset-fashion-mnist, standardised by the training split's mean and std),
+DistributedSampler with the run's seed and epoch, each of W workers taking batch_size // W images with the
+last partial batch dropped, cross-entropy, SGD with momentum and weight decay, DDP over Gloo with W
+processes started as seed 000 does (torch.multiprocessing.spawn), one evaluation of the test split per
+epoch. Precision: fp32 (ampp's O0), or CPU autocast in bf16/fp16 (ampp's O1; no loss scaler for bf16, a
+GradScaler for fp16). Rank 0 writes a summary with ampp's definitions: images/s is the images trained over
+the seconds since training started (after DDP was built), evaluations included.
+
+    python3 bench/peer/peer_train.py --model cnn --precision bf16 --nproc 2 --out py.json
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
+from train_cnn import FASHION_MNIST, Cnn, read_idx, train_step  # noqa: E402  (ampp train's CNN and step, defined once)
+
+
+class Mlp(nn.Module):
+    """784-256-128-10 with ReLU, as ampp's `mlp`."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 256), nn.Linear(256, 128), nn.Linear(128, classes)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1))))))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = None
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+        return torch.relu(y + (self.shortcut(x) if self.shortcut is not None else x))
+
+
+class ResNet(nn.Module):
+    """ampp's `resnet`: stem conv 16, one basic block per stage at 16/32/64 channels, average pool, fc."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.layer1, self.layer2, self.layer3 = BasicBlock(16, 16, 1), BasicBlock(16, 32, 2), BasicBlock(32, 64, 2)
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x):
+        x = self.layer3(self.layer2(self.layer1(torch.relu(self.bn(self.stem(x))))))
+        return self.fc(x.mean((2, 3)))
+
+
+MODELS = {"mlp": Mlp, "cnn": Cnn, "resnet": ResNet}
+
+
+def fashion_mnist():
+    """(train images, train labels, test images, test labels), standardised as ampp does."""
+    def split(kind):
+        images = read_idx(os.path.join(FASHION_MNIST, f"{kind}-images-idx3-ubyte.gz")).to(torch.float32).div_(255.0)
+        labels = read_idx(os.path.join(FASHION_MNIST, f"{kind}-labels-idx1-ubyte.gz")).to(torch.int64)
+        return images.unsqueeze(1), labels
+    train_x, train_y = split("train")
+    test_x, test_y = split("t10k")
+    mean, std = train_x.mean().item(), train_x.std().item()
+    return train_x.sub_(mean).div_(std), train_y, test_x.sub_(mean).div_(std), test_y
+
+
+def evaluate(model, x, y, rank, world, dtype):
+    """Each rank a contiguous slice of the test split, batches of 512; sums allreduced (as ampp)."""
+    model.eval()
+    begin, end = len(y) * rank // world, len(y) * (rank + 1) // world
+    sums = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for i in range(begin, end, 512):
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                logits = model(x[i:min(end, i + 512)]).float()
+            target = y[i:min(end, i + 512)]
+            sums[0] += F.cross_entropy(logits, target, reduction="sum").item()
+            sums[1] += (logits.argmax(1) == target).sum().item()
+    dist.all_reduce(sums)
+    model.train()
+    return 100.0 * sums[1].item() / len(y)
+
+
+def peak_rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def worker(rank, args):
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", world_size=args.nproc, rank=rank)
+    torch.manual_seed(args.seed)
+    train_x, train_y, test_x, test_y = fashion_mnist()
+    model = DistributedDataParallel(MODELS[args.model]())
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = torch.amp.GradScaler("cpu", enabled=args.precision == "fp16")
+    sampler = DistributedSampler(range(len(train_y)), num_replicas=args.nproc, rank=rank, shuffle=True, seed=args.seed)
+    per_rank = args.batch_size // args.nproc
+    steps, accuracy, started = 0, 0.0, time.perf_counter()
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        order = torch.tensor(list(sampler), dtype=torch.int64)
+        for b in range(len(order) // per_rank):
+            idx = order[b * per_rank:(b + 1) * per_rank]
+            train_step(model, opt, scaler, dtype, train_x.index_select(0, idx), train_y.index_select(0, idx))
+            steps += 1
+        accuracy = evaluate(model, test_x, test_y, rank, args.nproc, dtype)
+    seconds = time.perf_counter() - started
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({
+            "images_per_sec": steps * per_rank * args.nproc / seconds, "seconds": seconds, "steps": steps,
+            "test_accuracy": accuracy, "peak_rss_mb_rank0": peak_rss_mb(), "torch": torch.__version__}, indent=2))
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="cnn")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=128, help="global, split across the workers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--port", type=int, default=29731)
+    p.add_argument("--out", required=True, help="the summary JSON (rank 0)")
+    args = p.parse_args()
+    if not os.path.isdir(FASHION_MNIST):
+        sys.exit(f"Fashion-MNIST not found in {FASHION_MNIST}: apt install dataset-fashion-mnist")
+    mp.spawn(worker, args=(args,), nprocs=args.nproc)
+
+
+if __name__ == "__main__":
+    main()
