@@ -156,6 +156,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   void mark_variable_ready(size_t i);
   void mark_bucket_ready();
   void launch(size_t b);
+  FuturePtr reduce_bucket(size_t b);
+  std::vector<torch::Tensor> module_state() const;
   void finalize_backward();
   JoinRound join_round(bool active, bool syncing);
   void shadow_backward();
@@ -413,10 +415,7 @@ void Reducer::Impl::launch(size_t b) {
     std::lock_guard<std::mutex> lock(timeline_mu);
     timeline.buckets[b].launched = Clock::now();
   }
-  std::vector<torch::Tensor> bucket_params;
-  for (size_t v : bucket.vars) bucket_params.push_back(params[v]);
-  GradBucket grad_bucket(b, buckets.size(), bucket.contents, bucket.offsets, bucket.lengths, bucket_params);
-  bucket.future = hook ? hook(grad_bucket) : allreduce_sum_async(group, bucket.contents);
+  bucket.future = reduce_bucket(b);
   TORCH_CHECK(bucket.future, "ampp::dist: the comm hook returned a null future for bucket ", b, ".");
   std::weak_ptr<Impl> weak = shared_from_this();
   bucket.future->addCallback([weak, b](c10::ivalue::Future&) {
@@ -425,6 +424,23 @@ void Reducer::Impl::launch(size_t b) {
       if (b < self->timeline.buckets.size()) self->timeline.buckets[b].completed = Clock::now();
     }
   });
+}
+
+// The bucket's reduction: the comm hook's, or the default allreduce of the pre-divided sum.
+FuturePtr Reducer::Impl::reduce_bucket(size_t b) {
+  Bucket& bucket = buckets[b];
+  std::vector<torch::Tensor> bucket_params;
+  for (size_t v : bucket.vars) bucket_params.push_back(params[v]);
+  GradBucket grad_bucket(b, buckets.size(), bucket.contents, bucket.offsets, bucket.lengths, bucket_params);
+  return hook ? hook(grad_bucket) : allreduce_sum_async(group, bucket.contents);
+}
+
+// Every parameter (also those without grad) and buffer: what ranks must agree on.
+std::vector<torch::Tensor> Reducer::Impl::module_state() const {
+  std::vector<torch::Tensor> state;
+  for (const auto& item : module->named_parameters(true)) state.push_back(item.value());
+  state.insert(state.end(), buffers.begin(), buffers.end());
+  return state;
 }
 
 void Reducer::Impl::finalize_backward() {
@@ -513,10 +529,7 @@ Reducer::Reducer(std::shared_ptr<torch::nn::Module> module, ProcessGroup group, 
 
   verify_same_model(s.group, s.params);
   // Every rank starts from rank 0's parameters and buffers.
-  std::vector<torch::Tensor> state;
-  for (const auto& item : s.module->named_parameters(true)) state.push_back(item.value());
-  state.insert(state.end(), s.buffers.begin(), s.buffers.end());
-  broadcast_coalesced(s.group, state, kBroadcastChunkBytes, 0);
+  broadcast_coalesced(s.group, s.module_state(), kBroadcastChunkBytes, 0);
 
   // Until the first backward shows the real order: reverse registration order, the order in which
   // a feed-forward model's gradients become ready.
@@ -589,10 +602,7 @@ void Reducer::Impl::shadow_backward() {
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
     bucket.contents.zero_();  // this rank's own gradients are stale anyway: finish_join replaces the model
-    std::vector<torch::Tensor> bucket_params;
-    for (size_t v : bucket.vars) bucket_params.push_back(params[v]);
-    GradBucket grad_bucket(b, buckets.size(), bucket.contents, bucket.offsets, bucket.lengths, bucket_params);
-    bucket.future = hook ? hook(grad_bucket) : allreduce_sum_async(group, bucket.contents);
+    bucket.future = reduce_bucket(b);
   }
   for (auto& bucket : buckets) bucket.future->waitAndThrow();
   if (options.find_unused_parameters())
@@ -635,11 +645,8 @@ void Reducer::finish_join(bool active_to_the_end) {
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   s.group.c10d()->allreduce(source, max)->wait();
-  std::vector<torch::Tensor> state;
-  for (const auto& item : s.module->named_parameters(true)) state.push_back(item.value());
-  state.insert(state.end(), s.buffers.begin(), s.buffers.end());
   torch::NoGradGuard no_grad;
-  broadcast_coalesced(s.group, state, kBroadcastChunkBytes, source[0].item<int>());
+  broadcast_coalesced(s.group, s.module_state(), kBroadcastChunkBytes, source[0].item<int>());
 }
 
 void Reducer::set_require_backward_grad_sync(bool on) { impl_->require_backward_grad_sync = on; }
