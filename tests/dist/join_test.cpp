@@ -136,6 +136,7 @@ TEST(Join, ASyncBatchNormModelIsAClearError) {
     DistributedDataParallel<torch::nn::Sequential> ddp(net, pg);
     const std::string error = error_of([&] { ampp::dist::join(ddp.joinable(), [] {}); });
     EXPECT_NE(error.find("cannot shadow SyncBatchNorm's collectives"), std::string::npos) << error;
+    pg.barrier();  // keeps rank 0 (the rendezvous store) alive until rank 1 has joined
   });
 }
 

@@ -152,8 +152,10 @@ TEST(SyncBatchNorm, GradientsAgreeWithFiniteDifferences) {
 }
 
 TEST(SyncBatchNorm, EvalUsesRunningStatisticsWithoutCommunication) {
-  on_ranks(2, [](int rank, const ProcessGroup&) {
-    if (rank == 1) return;  // never calls forward: rank 0 must not wait for it
+  on_ranks(2, [](int rank, const ProcessGroup& group) {
+    // Rank 1 never calls forward (rank 0 must not wait for it); the final barrier only keeps rank 0,
+    // which hosts the rendezvous store, alive until rank 1 has joined the group.
+    if (rank == 1) return group.barrier();
     SyncBatchNorm sync(kChannels);
     torch::nn::BatchNorm2d reference(kChannels);
     for (auto* bn : {&sync->running_mean, &reference->running_mean}) bn->fill_(0.5);
@@ -161,20 +163,21 @@ TEST(SyncBatchNorm, EvalUsesRunningStatisticsWithoutCommunication) {
     reference->eval();
     const auto x = torch::randn({2, kChannels, 3, 3});
     EXPECT_TRUE(sync->forward(x).equal(reference->forward(x)));
+    group.barrier();
   });
 }
 
 TEST(SyncBatchNorm, UnderALocalGuardOneRankTrainsAloneWithItsOwnStatistics) {
   on_ranks(2, [](int rank, const ProcessGroup& group) {
     EXPECT_TRUE(SyncBatchNorm(kChannels)->sync_group());
-    if (rank == 1) return;  // never calls forward: rank 0 must not wait for it
+    if (rank == 1) return group.barrier();  // never calls forward: rank 0 must not wait for it
     ampp::dist::LocalBatchNormGuard local;
     SyncBatchNorm sync(kChannels);
     EXPECT_FALSE(sync->sync_group());
     torch::nn::BatchNorm2d reference(kChannels);
     const auto x = torch::randn({2, kChannels, 3, 3});
     EXPECT_TRUE(sync->forward(x).equal(reference->forward(x)));
-    (void)group;
+    group.barrier();  // keeps rank 0 (the rendezvous store) alive until rank 1 has joined
   });
 }
 
@@ -206,11 +209,12 @@ TEST(SyncBatchNorm, BadInputNamesTheProblem) {
   SyncBatchNorm sync(kChannels);
   EXPECT_NE(error_of([&] { sync->forward(torch::randn({4})); }).find("expected at least 2D input (got 1D input)"),
             std::string::npos);
-  on_ranks(2, [](int, const ProcessGroup&) {
+  on_ranks(2, [](int, const ProcessGroup& group) {
     SyncBatchNorm bn(kChannels);
     const std::string error = error_of([&] { bn->forward(torch::randn({4, 5})); });
     EXPECT_NE(error.find("input has 5 channels (dimension 1) but the module was built for 3"), std::string::npos)
         << error;
+    group.barrier();  // keeps rank 0 (the rendezvous store) alive until rank 1 has joined
   });
 }
 
