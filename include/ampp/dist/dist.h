@@ -1,6 +1,6 @@
 #pragma once
-// ampp::dist: process groups, DistributedDataParallel, SyncBatchNorm, comm hooks, DistributedSampler, spawn and
-// the launcher behind `ampp run`.
+// ampp::dist: process groups, DistributedDataParallel, SyncBatchNorm, ZeroRedundancyOptimizer, comm hooks,
+// DistributedSampler, spawn and the launcher behind `ampp run`.
 #include <ampp/dist/comm_hooks.h>
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/join.h>
@@ -10,3 +10,4 @@
 #include <ampp/dist/sampler.h>
 #include <ampp/dist/spawn.h>
 #include <ampp/dist/sync_batch_norm.h>
+#include <ampp/dist/zero_redundancy_optimizer.h>

@@ -40,14 +40,16 @@ void broadcast_coalesced(const ProcessGroup& group, const std::vector<torch::Ten
       chunk.push_back(t);
       bytes += b;
     }
+    // A lone contiguous tensor (a large parameter) travels as it is: no packing copy, no buffer.
+    const bool in_place = chunk.size() == 1 && chunk[0].is_contiguous();
     std::vector<torch::Tensor> flat_parts;
     for (const auto& t : chunk) flat_parts.push_back(t.reshape({-1}));
-    auto flat = torch::cat(flat_parts);
+    auto flat = in_place ? flat_parts[0] : torch::cat(flat_parts);
     std::vector<torch::Tensor> io{transport_view(flat)};
     c10d::BroadcastOptions opts;
     opts.rootRank = src;
     group.c10d()->broadcast(io, opts)->wait();
-    if (group.rank() != src) {
+    if (group.rank() != src && !in_place) {
       int64_t offset = 0;
       for (auto& t : chunk) {
         t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));

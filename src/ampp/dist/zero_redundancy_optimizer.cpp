@@ -1,0 +1,243 @@
+// ZeroRedundancyOptimizer: the partition, the sharded step with its broadcasts, and checkpoints that
+// move shards between ranks as archives of the wrapped optimizer.
+#include <ampp/dist/reducer.h>
+#include <ampp/dist/zero_redundancy_optimizer.h>
+#include <ampp/util/atomic_file.h>
+#include <ampp/util/optimizer_compat.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+namespace ampp::dist {
+namespace {
+
+using torch::optim::Optimizer;
+using torch::optim::OptimizerParamGroup;
+
+std::string archive_bytes(const Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_archive_bytes(Optimizer& optimizer, const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes.data(), bytes.size());
+  optimizer.load(archive);
+}
+
+// Moves the state of `params` from `from` to `to` (both key it by the same parameter tensors).
+void move_state(Optimizer& from, Optimizer& to, const std::vector<torch::Tensor>& params) {
+  for (const auto& p : params) {
+    auto it = from.state().find(optimizer_state_key(p));
+    if (it == from.state().end()) continue;  // never stepped: no state yet
+    to.state()[optimizer_state_key(p)] = std::move(it->second);
+    from.state().erase(it);
+  }
+}
+
+// The options of `from`'s groups, copied into `to`'s (same number of groups).
+void copy_group_options(const std::vector<OptimizerParamGroup>& from, std::vector<OptimizerParamGroup>& to) {
+  for (size_t g = 0; g < from.size(); ++g) to[g].set_options(from[g].options().clone());
+}
+
+// Rank `to` receives every rank's bytes (one gather of padded byte tensors; sizes first).
+std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::string& mine, int to) {
+  auto size = torch::full({1}, static_cast<int64_t>(mine.size()), torch::kLong);
+  std::vector<torch::Tensor> sizes(group.size());
+  for (auto& s : sizes) s = torch::empty({1}, torch::kLong);
+  std::vector<std::vector<torch::Tensor>> size_out{sizes};
+  std::vector<torch::Tensor> size_in{size};
+  group.c10d()->allgather(size_out, size_in)->wait();
+  int64_t longest = 0;
+  for (const auto& s : size_out[0]) longest = std::max(longest, s.item<int64_t>());
+
+  auto padded = torch::zeros({longest}, torch::kByte);
+  std::memcpy(padded.data_ptr(), mine.data(), mine.size());
+  std::vector<std::vector<torch::Tensor>> out;
+  if (group.rank() == to) {
+    out.emplace_back();
+    for (int r = 0; r < group.size(); ++r) out[0].push_back(torch::empty({longest}, torch::kByte));
+  }
+  std::vector<torch::Tensor> in{padded};
+  c10d::GatherOptions options;
+  options.rootRank = to;
+  group.c10d()->gather(out, in, options)->wait();
+  std::vector<std::string> result;
+  if (group.rank() != to) return result;
+  for (int r = 0; r < group.size(); ++r) {
+    const auto* data = static_cast<const char*>(out[0][r].data_ptr());
+    result.emplace_back(data, static_cast<size_t>(size_out[0][r].item<int64_t>()));
+  }
+  return result;
+}
+
+std::unique_ptr<torch::optim::OptimizerOptions> defaults_of(const OptimizerFactory& factory) {
+  TORCH_CHECK(factory,
+              "ZeroRedundancyOptimizer: the optimizer factory is empty; pass a function that builds the "
+              "wrapped optimizer, e.g. ZeroRedundancyOptimizer::factory_of<torch::optim::Adam>(options)");
+  return factory({})->defaults().clone();
+}
+
+}  // namespace
+
+std::vector<int> assign_parameters_to_ranks(const std::vector<OptimizerParamGroup>& groups, int world_size) {
+  TORCH_CHECK(world_size >= 1, "assign_parameters_to_ranks: world_size must be >= 1, got ", world_size);
+  std::vector<int> owners;
+  std::vector<int64_t> held(static_cast<size_t>(world_size), 0);
+  for (const auto& group : groups) {
+    const auto& params = group.params();
+    std::vector<size_t> order(params.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+    std::vector<int> group_owners(params.size());
+    for (size_t i : order) {
+      const auto rank = std::min_element(held.begin(), held.end()) - held.begin();  // first of the least loaded
+      group_owners[i] = static_cast<int>(rank);
+      held[static_cast<size_t>(rank)] += params[i].numel();
+    }
+    owners.insert(owners.end(), group_owners.begin(), group_owners.end());
+  }
+  return owners;
+}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const std::vector<OptimizerParamGroup>& groups,
+                                                 OptimizerFactory factory, ZeroRedundancyOptimizerOptions options)
+    : Optimizer(groups, defaults_of(factory)),
+      group_(options.process_group() ? *options.process_group() : default_group()),
+      factory_(std::move(factory)),
+      options_(std::move(options)) {
+  TORCH_CHECK(options_.broadcast_bucket_mb() > 0, "ZeroRedundancyOptimizer: broadcast_bucket_mb must be > 0, got ",
+              options_.broadcast_bucket_mb());
+  owners_ = assign_parameters_to_ranks(param_groups_, group_.size());
+  auto mine = groups_of_rank(group_.rank());
+  for (const auto& g : mine) local_params_.insert(local_params_.end(), g.params().begin(), g.params().end());
+  local_ = factory_(mine);
+  TORCH_CHECK(local_ && local_->param_groups().size() == mine.size(),
+              "ZeroRedundancyOptimizer: the factory must build an optimizer over exactly the groups it is given (",
+              mine.size(), "), got ", local_ ? local_->param_groups().size() : 0);
+}
+
+std::vector<OptimizerParamGroup> ZeroRedundancyOptimizer::groups_of_rank(int rank) const {
+  std::vector<OptimizerParamGroup> out;
+  size_t index = 0;
+  for (const auto& group : param_groups_) {
+    std::vector<torch::Tensor> params;
+    for (const auto& p : group.params()) {
+      if (owners_[index++] == rank) params.push_back(p);
+    }
+    out.emplace_back(std::move(params), group.options().clone());
+  }
+  return out;
+}
+
+void ZeroRedundancyOptimizer::sync_options_to_local() { copy_group_options(param_groups_, local_->param_groups()); }
+
+torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
+  TORCH_CHECK(!closure,
+              "ZeroRedundancyOptimizer::step: a closure is not supported (each rank steps a different shard, so "
+              "a closure would be evaluated once per rank on partial parameters); compute the loss before step()");
+  TORCH_CHECK(param_groups_.size() == local_->param_groups().size(),
+              "ZeroRedundancyOptimizer: param groups were added after construction (", param_groups_.size(), " vs ",
+              local_->param_groups().size(), "); build a new ZeroRedundancyOptimizer over all groups instead");
+  sync_options_to_local();
+  {
+    torch::NoGradGuard no_grad;
+    local_->step();
+  }
+  broadcast_parameters();
+  return {};
+}
+
+void ZeroRedundancyOptimizer::broadcast_parameters() {
+  const auto bucket_bytes = static_cast<int64_t>(options_.broadcast_bucket_mb() * 1024 * 1024);
+  std::vector<std::vector<torch::Tensor>> by_owner(static_cast<size_t>(group_.size()));
+  size_t index = 0;
+  for (const auto& group : param_groups_) {
+    for (const auto& p : group.params()) by_owner[static_cast<size_t>(owners_[index++])].push_back(p);
+  }
+  for (int r = 0; r < group_.size(); ++r)
+    broadcast_coalesced(group_, by_owner[static_cast<size_t>(r)], bucket_bytes, r);
+}
+
+void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  TORCH_CHECK(to >= 0 && to < group_.size(), "consolidate_state_dict: rank ", to, " is not in the group (ranks 0..",
+              group_.size() - 1, ")");
+  sync_options_to_local();
+  const auto shards = gather_bytes(group_, archive_bytes(*local_), to);
+  consolidated_.reset();
+  if (group_.rank() != to) return;
+  auto full = factory_(param_groups_);
+  for (int r = 0; r < group_.size(); ++r) {
+    auto groups = groups_of_rank(r);
+    auto shard = factory_(groups);
+    load_archive_bytes(*shard, shards[static_cast<size_t>(r)]);
+    for (const auto& g : groups) move_state(*shard, *full, g.params());
+  }
+  consolidated_ = std::move(full);
+}
+
+void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  TORCH_CHECK(consolidated_, "ZeroRedundancyOptimizer::save on rank ", group_.rank(),
+              ": no consolidated state here. Call consolidate_state_dict(to) on every rank first, then save on "
+              "rank `to` (or use save_consolidated(path), which does both); save_shard(path) saves this rank's "
+              "shard alone");
+  consolidated_->save(archive);
+}
+
+void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
+  auto full = factory_(param_groups_);
+  full->load(archive);  // LibTorch checks the group and parameter counts
+  move_state(*full, *local_, local_params_);
+  copy_group_options(full->param_groups(), param_groups_);
+  sync_options_to_local();
+}
+
+void ZeroRedundancyOptimizer::save_consolidated(const std::string& path, int to) {
+  consolidate_state_dict(to);
+  if (group_.rank() == to) {
+    write_file_atomic(path, archive_bytes(*consolidated_));
+    consolidated_.reset();  // the whole state is only needed while it is written
+  }
+}
+
+void ZeroRedundancyOptimizer::save_shard(const std::string& path) const {
+  torch::serialize::OutputArchive archive, local;
+  local_->save(local);
+  archive.write("world_size", torch::tensor(static_cast<int64_t>(group_.size())));
+  archive.write("rank", torch::tensor(static_cast<int64_t>(group_.rank())));
+  archive.write("owners", torch::tensor(std::vector<int64_t>(owners_.begin(), owners_.end())));
+  archive.write("local_optimizer", local);
+  std::ostringstream out;
+  archive.save_to(out);
+  write_file_atomic(path, out.str());
+}
+
+void ZeroRedundancyOptimizer::load_shard(const std::string& path) {
+  torch::serialize::InputArchive archive, local;
+  archive.load_from(path);
+  torch::Tensor world, rank, owners;
+  archive.read("world_size", world);
+  archive.read("rank", rank);
+  archive.read("owners", owners);
+  TORCH_CHECK(world.item<int64_t>() == group_.size() && rank.item<int64_t>() == group_.rank(), "load_shard: '", path,
+              "' is the shard of rank ", rank.item<int64_t>(), " of ", world.item<int64_t>(), ", this is rank ",
+              group_.rank(), " of ", group_.size(),
+              ". Shards only fit the same world size and rank; to change the world size, save with "
+              "save_consolidated() and load() the consolidated file on every rank");
+  TORCH_CHECK(torch::equal(owners, torch::tensor(std::vector<int64_t>(owners_.begin(), owners_.end()))),
+              "load_shard: '", path,
+              "' was saved with another partition of the parameters (different parameters or groups)");
+  archive.read("local_optimizer", local);
+  local_->load(local);
+  copy_group_options(local_->param_groups(), param_groups_);
+}
+
+}  // namespace ampp::dist

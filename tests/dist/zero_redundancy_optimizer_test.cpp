@@ -1,0 +1,219 @@
+// ampp::dist::ZeroRedundancyOptimizer: sharded training is bit-identical to unsharded DDP training
+// (SGD with momentum and Adam, 2 and 3 ranks), each rank holds state for its shard only, GradScaler
+// skips on every rank together, and checkpoints move between world sizes and plain optimizers.
+#include "dist/ddp_test_util.h"
+
+#include <ampp/dist/zero_redundancy_optimizer.h>
+
+#include "ampp_test.h"
+
+namespace ampp_test {
+namespace {
+
+using torch::optim::Adam;
+using torch::optim::AdamOptions;
+using torch::optim::SGD;
+using torch::optim::SGDOptions;
+
+Data world_batch(int step, int rank, int world) {
+  auto g = global_batch(step, world);
+  return {g.x.narrow(0, rank * kBatch, kBatch), g.y.narrow(0, rank * kBatch, kBatch)};
+}
+
+// One model trained with DDP and `optimizer`; the same steps on every kind of optimizer.
+struct Trainee {
+  Mlp model;
+  DistributedDataParallel<Mlp> ddp;
+  Trainee(int seed, const ProcessGroup& pg) : model(make_model(seed)), ddp(model, pg) {}
+  void backward(int step, int rank, int world) {
+    const auto d = world_batch(step, rank, world);
+    torch::mse_loss(ddp.forward(d.x), d.y).backward();
+  }
+};
+
+ZeroRedundancyOptimizer zero_adam(Trainee& t, const ProcessGroup& pg) {
+  return ZeroRedundancyOptimizer::of<Adam>(t.ddp.parameters(), AdamOptions(1e-2),
+                                           ZeroRedundancyOptimizerOptions().process_group(pg));
+}
+
+// Trains a ZeRO copy and an unsharded copy side by side; they must agree bit for bit at every step.
+template <typename OptimizerType, typename OptionsType>
+void check_equal_to_unsharded(int world, const OptionsType& options) {
+  on_ranks(world, [&](int rank, const ProcessGroup& pg) {
+    Trainee sharded(rank + 1, pg), plain(rank + 1, pg);
+    auto zero = ZeroRedundancyOptimizer::of<OptimizerType>(sharded.ddp.parameters(), options,
+                                                           ZeroRedundancyOptimizerOptions().process_group(pg));
+    OptimizerType reference(plain.ddp.parameters(), options);
+    for (int step = 0; step < 5; ++step) {
+      zero.zero_grad();
+      reference.zero_grad();
+      sharded.backward(step, rank, world);
+      plain.backward(step, rank, world);
+      zero.step();
+      reference.step();
+      ASSERT_TRUE(torch::equal(flat_params(sharded.ddp.parameters()), flat_params(plain.ddp.parameters())))
+          << "step " << step;
+    }
+    // State only for this rank's shard; the shards cover every parameter once.
+    EXPECT_EQ(zero.local_optimizer().state().size(), zero.local_parameters().size());
+    for (const auto& p : zero.local_parameters())
+      EXPECT_EQ(zero.local_optimizer().state().count(ampp::optimizer_state_key(p)), 1u);
+    auto held = torch::tensor({static_cast<int64_t>(zero.local_parameters().size())});
+    std::vector<torch::Tensor> io{held};
+    pg.c10d()->allreduce(io)->wait();
+    EXPECT_EQ(held.item<int64_t>(), static_cast<int64_t>(sharded.ddp.parameters().size()));
+    EXPECT_GT(zero.local_parameters().size(), 0u);
+    EXPECT_LT(zero.local_parameters().size(), sharded.ddp.parameters().size());
+  });
+}
+
+TEST(ZeroRedundancyOptimizer, SgdWithMomentumOnTwoRanksIsBitIdenticalToUnshardedDdp) {
+  check_equal_to_unsharded<SGD>(2, SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
+}
+
+TEST(ZeroRedundancyOptimizer, AdamOnThreeRanksIsBitIdenticalToUnshardedDdp) {
+  check_equal_to_unsharded<Adam>(3, AdamOptions(1e-2).weight_decay(1e-3));
+}
+
+// Adam on 2 ranks for 3 steps, consolidated; then 3 ranks continue from that file with ZeRO, and a
+// plain Adam continues from the same file and from an unsharded run's own checkpoint: all three agree.
+TEST(ZeroRedundancyOptimizer, AConsolidatedCheckpointOfTwoRanksResumesOnThreeAndInAPlainOptimizer) {
+  TempDir dir;
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    Trainee sharded(rank + 1, pg), plain(rank + 1, pg);
+    auto zero = zero_adam(sharded, pg);
+    Adam reference(plain.ddp.parameters(), AdamOptions(1e-2));
+    for (int step = 0; step < 3; ++step) {
+      zero.zero_grad();
+      reference.zero_grad();
+      sharded.backward(step, rank, 2);
+      plain.backward(step, rank, 2);
+      zero.step();
+      reference.step();
+    }
+    zero.save_consolidated(dir.file("zero.pt"));
+    if (rank == 0) {
+      torch::save(sharded.model, dir.file("model.pt"));
+      torch::save(reference, dir.file("plain.pt"));
+    }
+    EXPECT_EQ(error_of([&] { zero.save_shard(dir.file("shard" + std::to_string(rank))); }), "<no error>");
+  });
+  on_ranks(3, [&](int rank, const ProcessGroup& pg) {
+    std::vector<std::unique_ptr<Trainee>> runs;
+    for (int i = 0; i < 3; ++i) {
+      runs.push_back(std::make_unique<Trainee>(rank + 1, pg));
+      torch::load(runs.back()->model, dir.file("model.pt"));
+    }
+    auto zero = zero_adam(*runs[0], pg);
+    Adam from_zero_file(runs[1]->ddp.parameters(), AdamOptions(0.5));  // lr comes from the file
+    Adam from_plain_file(runs[2]->ddp.parameters(), AdamOptions(0.5));
+    torch::load(zero, dir.file("zero.pt"));
+    torch::load(from_zero_file, dir.file("zero.pt"));
+    torch::load(from_plain_file, dir.file("plain.pt"));
+    std::vector<torch::optim::Optimizer*> optimizers{&zero, &from_zero_file, &from_plain_file};
+    for (int step = 3; step < 6; ++step) {
+      for (int i = 0; i < 3; ++i) {
+        optimizers[i]->zero_grad();
+        runs[i]->backward(step, rank, 3);
+        optimizers[i]->step();
+      }
+      const auto expected = flat_params(runs[2]->ddp.parameters());
+      ASSERT_TRUE(torch::equal(flat_params(runs[0]->ddp.parameters()), expected)) << "ZeRO, step " << step;
+      ASSERT_TRUE(torch::equal(flat_params(runs[1]->ddp.parameters()), expected)) << "plain from ZeRO, step " << step;
+    }
+    // A shard of the 2-rank run does not fit a 3-rank group, and says what to do instead.
+    AMPP_EXPECT_THROW_WITH(zero.load_shard(dir.file("shard" + std::to_string(std::min(rank, 1)))),
+                           "Shards only fit the same world size and rank; to change the world size, save with "
+                           "save_consolidated()");
+  });
+}
+
+// Shards saved after 2 steps and loaded by a fresh run of the same world size continue exactly as the
+// run that was not interrupted.
+TEST(ZeroRedundancyOptimizer, ShardsResumeOnTheSameWorldSizeExactly) {
+  TempDir dir;
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    Trainee run(rank + 1, pg);
+    auto zero = zero_adam(run, pg);
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) {
+        zero.save_shard(dir.file("shard" + std::to_string(rank)));
+        if (rank == 0) torch::save(run.model, dir.file("model.pt"));
+      }
+      zero.zero_grad();
+      run.backward(step, rank, 2);
+      zero.step();
+    }
+    if (rank == 0) torch::save(flat_params(run.ddp.parameters()), dir.file("final.pt"));
+  });
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    Trainee run(rank + 1, pg);
+    torch::load(run.model, dir.file("model.pt"));
+    auto zero = zero_adam(run, pg);
+    zero.load_shard(dir.file("shard" + std::to_string(rank)));
+    for (int step = 2; step < 4; ++step) {
+      zero.zero_grad();
+      run.backward(step, rank, 2);
+      zero.step();
+    }
+    torch::Tensor uninterrupted;
+    torch::load(uninterrupted, dir.file("final.pt"));
+    EXPECT_TRUE(torch::equal(flat_params(run.ddp.parameters()), uninterrupted));
+    // Another rank's shard is refused.
+    AMPP_EXPECT_THROW_WITH(zero.load_shard(dir.file("shard" + std::to_string(1 - rank))),
+                           "Shards only fit the same world size and rank");
+  });
+}
+
+// An overflow on one rank reaches every rank through DDP's averaged gradients: all skip together, and
+// with unscale_ + gradient clipping the run matches unsharded training.
+TEST(ZeroRedundancyOptimizer, GradScalerSkipsOnEveryRankTogetherAndClippingMatchesUnsharded) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    Trainee sharded(rank + 1, pg), plain(rank + 1, pg);
+    auto zero = ZeroRedundancyOptimizer::of<SGD>(sharded.ddp.parameters(), SGDOptions(0.1).momentum(0.9),
+                                                 ZeroRedundancyOptimizerOptions().process_group(pg));
+    SGD reference(plain.ddp.parameters(), SGDOptions(0.1).momentum(0.9));
+    ampp::GradScaler zero_scaler, plain_scaler;
+    for (int step = 0; step < 4; ++step) {
+      auto d = world_batch(step, rank, 2);
+      if (step == 1 && rank == 1) d.x[0][0] = std::numeric_limits<float>::infinity();
+      const auto before = flat_params(sharded.ddp.parameters());
+      std::vector<bool> stepped;
+      for (auto* side : {&sharded, &plain}) {
+        const bool is_zero = side == &sharded;
+        torch::optim::Optimizer& opt = is_zero ? static_cast<torch::optim::Optimizer&>(zero) : reference;
+        auto& scaler = is_zero ? zero_scaler : plain_scaler;
+        opt.zero_grad();
+        scaler.scale(torch::mse_loss(side->ddp.forward(d.x), d.y)).backward();
+        scaler.unscale_(opt);
+        torch::nn::utils::clip_grad_norm_(side->ddp.parameters(), 0.5);
+        stepped.push_back(scaler.step(opt));
+        scaler.update();
+      }
+      EXPECT_EQ(stepped[0], step != 1) << "step " << step;
+      EXPECT_EQ(stepped[1], step != 1) << "step " << step;
+      if (step == 1) EXPECT_TRUE(torch::equal(flat_params(sharded.ddp.parameters()), before));
+      EXPECT_TRUE(torch::equal(flat_params(sharded.ddp.parameters()), flat_params(plain.ddp.parameters())))
+          << "step " << step;
+    }
+    EXPECT_TRUE(same_on_all_ranks(pg, flat_params(sharded.ddp.parameters())));
+  });
+}
+
+TEST(ZeroRedundancyOptimizer, MisuseIsAClearError) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    Trainee run(rank + 1, pg);
+    auto zero = zero_adam(run, pg);
+    AMPP_EXPECT_THROW_WITH(zero.step([] { return torch::zeros({}); }), "a closure is not supported");
+    torch::serialize::OutputArchive archive;
+    AMPP_EXPECT_THROW_WITH(zero.save(archive), "Call consolidate_state_dict(to) on every rank first");
+    AMPP_EXPECT_THROW_WITH(zero.consolidate_state_dict(2), "rank 2 is not in the group (ranks 0..1)");
+    AMPP_EXPECT_THROW_WITH(ZeroRedundancyOptimizer({torch::optim::OptimizerParamGroup(run.ddp.parameters())}, nullptr,
+                                                   ZeroRedundancyOptimizerOptions().process_group(pg)),
+                           "the optimizer factory is empty");
+    pg.barrier();
+  });
+}
+
+}  // namespace
+}  // namespace ampp_test
