@@ -3,6 +3,7 @@
 // skips on every rank together, and checkpoints move between world sizes and plain optimizers.
 #include "dist/ddp_test_util.h"
 
+#include <ampp/amp/initialize.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
 
 #include "ampp_test.h"
@@ -197,6 +198,36 @@ TEST(ZeroRedundancyOptimizer, GradScalerSkipsOnEveryRankTogetherAndClippingMatch
           << "step " << step;
     }
     EXPECT_TRUE(same_on_all_ranks(pg, flat_params(sharded.ddp.parameters())));
+  });
+}
+
+// apex O2 (bf16 model, FP32 masters): each rank keeps masters and Adam state for its shard only, and
+// the bf16 model it trains equals unsharded O2 training bit for bit.
+TEST(ZeroRedundancyOptimizer, UnderO2EachRankKeepsMastersOfItsShardOnlyAndMatchesUnshardedO2) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    // One seed on every rank: the masters are taken from the model at initialize(), before DDP's broadcast.
+    auto sharded = make_model(1), plain = make_model(1);
+    auto zero = ZeroRedundancyOptimizer::of<Adam>(sharded->parameters(), AdamOptions(1e-2),
+                                                  ZeroRedundancyOptimizerOptions().process_group(pg));
+    Adam reference(plain->parameters(), AdamOptions(1e-2));
+    const auto o2 = ampp::Properties("O2").verbosity(0);
+    auto amp_sharded = ampp::initialize(sharded, zero, o2), amp_plain = ampp::initialize(plain, reference, o2);
+    DistributedDataParallel<Mlp> ddp_sharded(sharded, pg), ddp_plain(plain, pg);
+    for (int step = 0; step < 4; ++step) {
+      const auto d = world_batch(step, rank, 2);
+      amp_sharded.zero_grad();
+      amp_sharded.scale_loss(torch::mse_loss(amp_sharded.forward(ddp_sharded, d.x), d.y)).backward();
+      amp_sharded.step();
+      amp_plain.zero_grad();
+      amp_plain.scale_loss(torch::mse_loss(amp_plain.forward(ddp_plain, d.x), d.y)).backward();
+      amp_plain.step();
+      ASSERT_TRUE(torch::equal(flat_params(sharded->parameters()), flat_params(plain->parameters()))) << step;
+    }
+    EXPECT_EQ(sharded->parameters()[0].scalar_type(), torch::kBFloat16);
+    for (const auto& p : zero.local_parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
+    EXPECT_EQ(amp_sharded.state_dict().at("master_params").toTensorVector().size(), zero.local_parameters().size());
+    EXPECT_EQ(amp_plain.state_dict().at("master_params").toTensorVector().size(), plain->parameters().size());
+    EXPECT_LT(zero.local_parameters().size(), plain->parameters().size());
   });
 }
 

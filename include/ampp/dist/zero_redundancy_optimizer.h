@@ -15,6 +15,7 @@
 // archive (loadable by a plain optimizer of the same type, or by a ZeroRedundancyOptimizer of any
 // world size); save_shard() writes this rank's shard alone (same world size only).
 #include <ampp/dist/process_group.h>
+#include <ampp/util/sharded_optimizer.h>
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -49,7 +50,7 @@ using OptimizerFactory =
 std::vector<int> assign_parameters_to_ranks(const std::vector<torch::optim::OptimizerParamGroup>& groups,
                                             int world_size);
 
-class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
+class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOptimizer {
  public:
   ZeroRedundancyOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& groups, OptimizerFactory factory,
                           ZeroRedundancyOptimizerOptions options = {});
@@ -73,7 +74,13 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // A closure is rejected (it would run once per rank on different shards).
   torch::Tensor step(LossClosure closure = nullptr) override;
 
-  // This rank's shard (in param-group order) and its optimizer.
+  // ShardedOptimizer: under ampp::initialize's O2 this rank keeps FP32 masters for its shard only;
+  // the low-precision model parameters are what the ranks broadcast.
+  bool steps_locally(const torch::Tensor& param) const override;
+  void use_master(const torch::Tensor& param, const torch::Tensor& master) override;
+  void set_after_local_step(std::function<void()> copy_masters_to_model) override;
+
+  // This rank's shard (in param-group order; its FP32 masters under O2) and its optimizer.
   const std::vector<torch::Tensor>& local_parameters() const { return local_params_; }
   torch::optim::Optimizer& local_optimizer() { return *local_; }
   // The owner of each parameter of param_groups(), in order.
@@ -106,6 +113,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   OptimizerFactory factory_;
   ZeroRedundancyOptimizerOptions options_;
   std::vector<int> owners_;
+  // What each rank broadcasts after its step: the parameters it owns, as the model holds them.
+  std::vector<std::vector<torch::Tensor>> shared_by_owner_;
+  std::function<void()> after_local_step_;
   std::vector<torch::Tensor> local_params_;
   std::unique_ptr<torch::optim::Optimizer> local_;
   // The unsharded optimizer holding every shard's state, on the consolidating rank until saved.

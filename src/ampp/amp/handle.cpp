@@ -11,8 +11,12 @@ namespace {
 using detail::AmpState;
 using detail::OptimizerRecord;
 
+bool is_floating(const torch::Tensor& t) { return t.defined() && t.is_floating_point(); }
+
+}  // namespace
+
 // Masters -> low-precision model (apex's multi_tensor_scale with scale 1.0): a rounding copy.
-void copy_masters_to_model(const AmpState& st, const OptimizerRecord& rec) {
+void detail::copy_masters_to_model(const AmpState& st, const OptimizerRecord& rec) {
   torch::NoGradGuard no_grad;
   for (const auto& slot : rec.slots) {
     if (!slot.model.defined()) continue;
@@ -23,10 +27,6 @@ void copy_masters_to_model(const AmpState& st, const OptimizerRecord& rec) {
     }
   }
 }
-
-bool is_floating(const torch::Tensor& t) { return t.defined() && t.is_floating_point(); }
-
-}  // namespace
 
 Amp::Amp(std::shared_ptr<detail::AmpState> state) : state_(std::move(state)) {}
 
@@ -54,7 +54,7 @@ bool Amp::step() {
     }
     detail::Stopwatch timer(st.props.profile(), &st.profile.copy_seconds);
     if (st.use_masters) {
-      copy_masters_to_model(st, rec);
+      if (!rec.sharded) detail::copy_masters_to_model(st, rec);  // a sharded one did it inside its step
       for (auto& slot : rec.slots) {
         if (slot.model.defined()) slot.param.mutable_grad() = torch::Tensor();  // as apex: masters' grads dropped
       }
@@ -222,7 +222,7 @@ void Amp::load_state_dict(const AmpStateDict& state) {
                   ". Was it saved from a different model?");
       slot.param.copy_(masters[k++]);
     }
-    copy_masters_to_model(st, rec);  // model == masters rounded, as after a step
+    detail::copy_masters_to_model(st, rec);  // model == masters rounded, as after a step
   }
   TORCH_CHECK(k == masters.size(), "Amp::load_state_dict: the state dict has ", masters.size(),
               " master weights but this model has ", k, ". Was it saved from a different model?");

@@ -5,6 +5,8 @@
 #include "optimizer_state.h"
 #include "state.h"
 
+#include <ampp/util/sharded_optimizer.h>
+
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -64,6 +66,8 @@ OptimizerRecord make_record(torch::optim::Optimizer& optimizer, const AmpState& 
                             std::unordered_set<const c10::TensorImpl*>& claimed) {
   OptimizerRecord rec;
   rec.optimizer = &optimizer;
+  auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
+  rec.sharded = sharded != nullptr && st.use_masters;
   size_t held = 0;
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
     auto& params = optimizer.param_groups()[g].params();
@@ -86,12 +90,15 @@ OptimizerRecord make_record(torch::optim::Optimizer& optimizer, const AmpState& 
                     " that is not a parameter of the model passed to initialize(). "
                     "Build the optimizer from that model's parameters (model->parameters()) and pass an FP32 model.");
       }
-      if (is_cast && st.use_masters && p.requires_grad()) {
+      if (is_cast && st.use_masters && p.requires_grad() && sharded && !sharded->steps_locally(p)) {
+        // ZeRO: another process steps it and sends it over; here only its gradient is checked for inf/NaN.
+      } else if (is_cast && st.use_masters && p.requires_grad()) {
         torch::Tensor master = p.detach().to(torch::kFloat).clone().requires_grad_(true);
         detail::move_param_state(optimizer, p, master);  // state lives with the master, in FP32
         slot.model = p;
         slot.param = master;
         p = master;  // the optimizer now steps the master
+        if (sharded) sharded->use_master(slot.model, master);
       } else if (is_cast) {
         detail::cast_param_state(optimizer, p);  // O3: state in the parameter's (low) dtype
       }
@@ -174,6 +181,13 @@ Amp initialize(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
   std::unordered_set<const c10::TensorImpl*> claimed;
   for (size_t i = 0; i < optimizers.size(); ++i) {
     st->optimizers.push_back(make_record(*optimizers[i], *st, cast, model_params, i, claimed));
+    if (st->optimizers.back().sharded) {
+      // The shard's masters must reach the model before the sharded optimizer sends it to the others.
+      std::weak_ptr<detail::AmpState> weak = st;
+      dynamic_cast<ShardedOptimizer&>(*optimizers[i]).set_after_local_step([weak, i] {
+        if (auto state = weak.lock()) detail::copy_masters_to_model(*state, state->optimizers[i]);
+      });
+    }
   }
   if (st->use_masters) {
     size_t orphans = 0;

@@ -34,6 +34,8 @@ struct OptimizerRecord {
   /// need no stash and no add, and a param that gets no grad is given zeros afterwards, which is
   /// what LibTorch's zero_grad() would have left (so the optimizer still steps it).
   bool zero_grads_pending = false;
+  /// A ShardedOptimizer under masters: it copies its masters into the model itself, inside its step.
+  bool sharded = false;
 };
 
 struct AmpState {
@@ -57,6 +59,9 @@ struct AmpState {
   /// The records of `subset` (all if empty); throws for an optimizer the handle does not manage.
   std::vector<OptimizerRecord*> records_for(const std::vector<torch::optim::Optimizer*>& subset);
 };
+
+/// Masters -> low-precision model parameters of `rec` (a rounding copy).
+void copy_masters_to_model(const AmpState& st, const OptimizerRecord& rec);
 
 /// Gives every param of `rec` without a grad the zeros that zero_grad() deferred (see zero_grads_pending).
 void fill_pending_zero_grads(OptimizerRecord& rec);

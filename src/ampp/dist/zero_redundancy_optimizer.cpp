@@ -117,6 +117,11 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const std::vector<OptimizerPara
   TORCH_CHECK(options_.broadcast_bucket_mb() > 0, "ZeroRedundancyOptimizer: broadcast_bucket_mb must be > 0, got ",
               options_.broadcast_bucket_mb());
   owners_ = assign_parameters_to_ranks(param_groups_, group_.size());
+  shared_by_owner_.resize(static_cast<size_t>(group_.size()));
+  size_t index = 0;
+  for (const auto& group : param_groups_) {
+    for (const auto& p : group.params()) shared_by_owner_[static_cast<size_t>(owners_[index++])].push_back(p);
+  }
   auto mine = groups_of_rank(group_.rank());
   for (const auto& g : mine) local_params_.insert(local_params_.end(), g.params().begin(), g.params().end());
   local_ = factory_(mine);
@@ -152,19 +157,42 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     torch::NoGradGuard no_grad;
     local_->step();
   }
+  if (after_local_step_) after_local_step_();
   broadcast_parameters();
   return {};
 }
 
 void ZeroRedundancyOptimizer::broadcast_parameters() {
   const auto bucket_bytes = static_cast<int64_t>(options_.broadcast_bucket_mb() * 1024 * 1024);
-  std::vector<std::vector<torch::Tensor>> by_owner(static_cast<size_t>(group_.size()));
-  size_t index = 0;
-  for (const auto& group : param_groups_) {
-    for (const auto& p : group.params()) by_owner[static_cast<size_t>(owners_[index++])].push_back(p);
+  for (int r = 0; r < group_.size(); ++r) {
+    broadcast_coalesced(group_, shared_by_owner_[static_cast<size_t>(r)], bucket_bytes, r);
   }
-  for (int r = 0; r < group_.size(); ++r)
-    broadcast_coalesced(group_, by_owner[static_cast<size_t>(r)], bucket_bytes, r);
+}
+
+bool ZeroRedundancyOptimizer::steps_locally(const torch::Tensor& param) const {
+  return std::any_of(local_params_.begin(), local_params_.end(),
+                     [&](const torch::Tensor& p) { return p.is_same(param); });
+}
+
+void ZeroRedundancyOptimizer::use_master(const torch::Tensor& param, const torch::Tensor& master) {
+  TORCH_CHECK(steps_locally(param), "ZeroRedundancyOptimizer::use_master: the parameter of shape ", param.sizes(),
+              " belongs to another rank's shard");
+  const auto same = [&](torch::Tensor& p) {
+    if (p.is_same(param)) p = master;
+  };
+  std::for_each(local_params_.begin(), local_params_.end(), same);
+  for (auto& group : local_->param_groups()) std::for_each(group.params().begin(), group.params().end(), same);
+  for (auto& group : param_groups_) std::for_each(group.params().begin(), group.params().end(), same);
+  auto it = local_->state().find(optimizer_state_key(param));
+  if (it != local_->state().end()) {
+    auto state = std::move(it->second);
+    local_->state().erase(it);
+    local_->state()[optimizer_state_key(master)] = std::move(state);
+  }
+}
+
+void ZeroRedundancyOptimizer::set_after_local_step(std::function<void()> copy_masters_to_model) {
+  after_local_step_ = std::move(copy_masters_to_model);
 }
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
