@@ -113,6 +113,15 @@ OptimizerRecord make_record(torch::optim::Optimizer& optimizer, const AmpState& 
   return rec;
 }
 
+// A sharded optimizer (ZeRO) sends its shard to the other processes inside its step: the shard's
+// masters must reach the model before that, not after the step as for other optimizers.
+void copy_masters_before_sharing(const std::shared_ptr<AmpState>& st, ShardedOptimizer& optimizer, size_t index) {
+  std::weak_ptr<AmpState> weak = st;
+  optimizer.set_after_local_step([weak, index] {
+    if (auto state = weak.lock()) detail::copy_masters_to_model(*state, state->optimizers[index]);
+  });
+}
+
 }  // namespace
 
 std::vector<detail::OptimizerRecord*> detail::AmpState::records_for(
@@ -181,13 +190,8 @@ Amp initialize(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
   std::unordered_set<const c10::TensorImpl*> claimed;
   for (size_t i = 0; i < optimizers.size(); ++i) {
     st->optimizers.push_back(make_record(*optimizers[i], *st, cast, model_params, i, claimed));
-    if (st->optimizers.back().sharded) {
-      // The shard's masters must reach the model before the sharded optimizer sends it to the others.
-      std::weak_ptr<detail::AmpState> weak = st;
-      dynamic_cast<ShardedOptimizer&>(*optimizers[i]).set_after_local_step([weak, i] {
-        if (auto state = weak.lock()) detail::copy_masters_to_model(*state, state->optimizers[i]);
-      });
-    }
+    if (st->optimizers.back().sharded)
+      copy_masters_before_sharing(st, dynamic_cast<ShardedOptimizer&>(*optimizers[i]), i);
   }
   if (st->use_masters) {
     size_t orphans = 0;
