@@ -12,6 +12,8 @@
 //   (only with --sync-bn; PyTorch's SyncBatchNorm is GPU-only, ampp's runs on Gloo/CPU)
 // model = DistributedDataParallel(model, device_ids=[gpu]) ampp::dist::DistributedDataParallel ddp(model)
 // optimizer = SGD(params, 0.1, momentum=0.9, wd=1e-4)      torch::optim::SGD(..., SGDOptions(0.1)...)
+// optimizer = ZeroRedundancyOptimizer(params,              ZeroRedundancyOptimizer::of<torch::optim::SGD>(
+//     optimizer_class=SGD, lr=0.1, ...)                        params, SGDOptions(0.1)...)  (only with --zero)
 // scheduler = StepLR(optimizer, step_size=30, gamma=0.1)   torch::optim::StepLR scheduler(opt, 30, 0.1)
 // train_sampler = DistributedSampler(train_dataset)        ampp::dist::DistributedSampler train_sampler(n)
 // torch_scaler = torch.cuda.amp.GradScaler()               ampp::GradScaler torch_scaler
@@ -47,7 +49,18 @@ struct Args {
   std::string dtype = "bf16";
   std::string checkpoint = "seed000_checkpoint.pt";
   bool sync_bn = false;
+  bool zero = false;
 };
+
+// SGD as in the seed; with --zero each rank keeps the momentum of its shard of the parameters only.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, bool zero,
+                                                        const ampp::dist::ProcessGroup& pg) {
+  const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4);
+  if (!zero) return std::make_unique<torch::optim::SGD>(params, sgd);
+  return std::make_unique<ampp::dist::ZeroRedundancyOptimizer>(
+      ampp::dist::ZeroRedundancyOptimizer::of<torch::optim::SGD>(
+          params, sgd, ampp::dist::ZeroRedundancyOptimizerOptions().process_group(pg)));
+}
 
 // Whether `t` is bitwise the same on every rank (MAX and MIN of it agree).
 bool same_on_every_rank(const ampp::dist::ProcessGroup& pg, const torch::Tensor& t) {
@@ -69,7 +82,8 @@ void main_worker(int gpu, int ngpus_per_node, Args args) {
   ampp::dist::DistributedDataParallel ddp(model, pg);
 
   torch::nn::CrossEntropyLoss criterion;
-  torch::optim::SGD optimizer(ddp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
+  auto optimizer_holder = make_optimizer(ddp.parameters(), args.zero, pg);
+  torch::optim::Optimizer& optimizer = *optimizer_holder;
   torch::optim::StepLR scheduler(optimizer, /*step_size=*/30, /*gamma=*/0.1);
   ampp::dist::DistributedSampler train_sampler(data.train.size(), pg);
   ampp::GradScaler torch_scaler;
@@ -133,6 +147,7 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", args.dtype)->check(CLI::IsMember({"bf16", "fp16"}));
   app.add_option("--checkpoint", args.checkpoint);
   app.add_flag("--sync-bn", args.sync_bn, "SyncBatchNorm (convert_sync_batchnorm in the Python seed)");
+  app.add_flag("--zero", args.zero, "ZeroRedundancyOptimizer around the SGD (optimizer state sharded over the ranks)");
   CLI11_PARSE(app, argc, argv);
 
   const int ngpus_per_node = args.nprocs;
