@@ -81,6 +81,8 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
   sub.add_flag("--deterministic", o.deterministic(), "deterministic algorithms only");
   sub.add_flag("--sync-bn", o.sync_batch_norm(),
                "BatchNorm statistics over the global batch of all workers (SyncBatchNorm), not each worker's share");
+  sub.add_flag("--zero", o.zero(),
+               "shard the optimizer state over the workers (ZeRO stage 1, ZeroRedundancyOptimizer); same results");
   ampp::cli::add_number(sub, "--max-consecutive-skips", o.max_consecutive_skips(),
                         "stop with an error after this many steps in a row skipped for inf/NaN gradients (0: never)");
 }

@@ -93,6 +93,12 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOp
   void consolidate_state_dict(int to = 0);
   // After consolidate_state_dict(), on that rank: the archive of the unsharded optimizer.
   void save(torch::serialize::OutputArchive& archive) const override;
+  // After consolidate_state_dict(), on that rank: the unsharded optimizer holding every shard's state
+  // (over the same parameter tensors), e.g. to convert it; nullptr elsewhere.
+  torch::optim::Optimizer* consolidated() { return consolidated_.get(); }
+  // Every rank: takes its shard's state and the groups' options from an unsharded optimizer over the same
+  // parameter tensors (e.g. one a PyTorch checkpoint was loaded into).
+  void load_from(torch::optim::Optimizer& unsharded);
   // Every rank: reads an unsharded optimizer's archive (from save() of any world size, or of the plain
   // wrapped optimizer) and keeps its own shard's state and the groups' options.
   void load(torch::serialize::InputArchive& archive) override;

@@ -52,6 +52,9 @@ struct TrainOptions {
   // BatchNorm statistics over the whole global batch (ampp::dist::SyncBatchNorm) instead of each
   // worker's share of it. The same as plain BatchNorm with one worker; the mlp has no BatchNorm.
   TORCH_ARG(bool, sync_batch_norm) = false;
+  // With several workers: each keeps the SGD momentum of its shard of the parameters only
+  // (ampp::dist::ZeroRedundancyOptimizer); checkpoints hold the whole state, as without it.
+  TORCH_ARG(bool, zero) = false;
   // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).
   TORCH_ARG(int64_t, num_classes) = 0;
   // The run stops with an error after this many steps in a row were skipped for non-finite gradients

@@ -223,8 +223,15 @@ void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive& archive) con
 void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
   auto full = factory_(param_groups_);
   full->load(archive);  // LibTorch checks the group and parameter counts
-  move_state(*full, *local_, local_params_);
-  copy_group_options(full->param_groups(), param_groups_);
+  load_from(*full);
+}
+
+void ZeroRedundancyOptimizer::load_from(Optimizer& unsharded) {
+  TORCH_CHECK(unsharded.param_groups().size() == param_groups_.size(),
+              "ZeroRedundancyOptimizer::load_from: ", unsharded.param_groups().size(),
+              " param groups, this optimizer has ", param_groups_.size());
+  move_state(unsharded, *local_, local_params_);
+  copy_group_options(unsharded.param_groups(), param_groups_);
   sync_options_to_local();
 }
 

@@ -25,6 +25,9 @@ void validate_model_and_precision(const TrainOptions& o) {
   TORCH_CHECK(!(o.sync_batch_norm() && o.model() == "mlp"),
               "TrainOptions::sync_batch_norm: the mlp model has no BatchNorm to synchronise; use --model cnn or "
               "resnet, or drop --sync-bn");
+  TORCH_CHECK(!(o.zero() && o.opt_level() == OptLevel::O2),
+              "TrainOptions::zero: ampp train cannot checkpoint O2's sharded FP32 masters yet (the library's "
+              "ZeroRedundancyOptimizer shards them under ampp::initialize); use --opt-level O1 or O0 with --zero");
 }
 
 void validate_optimization(const TrainOptions& o) {

@@ -6,6 +6,7 @@
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>
 #include <ampp/dist/sync_batch_norm.h>
+#include <ampp/dist/zero_redundancy_optimizer.h>
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/nonfinite_locator.h>
@@ -149,6 +150,20 @@ std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelO
   return make_model(o.model(), model_options);
 }
 
+torch::optim::SGDOptions sgd_options(const TrainOptions& o) {
+  return torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay());
+}
+
+// SGD as the seeds use it; with TrainOptions::zero and several workers, its state sharded over them.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
+                                                        const dist::ProcessGroup& pg) {
+  if (!o.zero() || !pg) return std::make_unique<torch::optim::SGD>(params, sgd_options(o));
+  return std::make_unique<dist::ZeroRedundancyOptimizer>(
+      std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(params)},
+      dist::ZeroRedundancyOptimizer::factory_of<torch::optim::SGD>(sgd_options(o)),
+      dist::ZeroRedundancyOptimizerOptions().process_group(pg));
+}
+
 struct Evaluation {
   double loss = 0;
   double accuracy = 0;
@@ -163,8 +178,8 @@ struct Run {
         per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
         model_options(model_options_for(data.train, o)),
         model(seeded_model(o, model_options)),
-        optimizer(model->parameters(),
-                  torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay())),
+        optimizer_holder(make_optimizer(model->parameters(), o, workers.pg)),
+        optimizer(*optimizer_holder),
         amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
         buffer_guard(*model),  // after initialize(), which may cast the buffers
         sampler(static_cast<size_t>(data.train.size()),
@@ -175,6 +190,12 @@ struct Run {
   }
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
+  dist::ZeroRedundancyOptimizer* zero() { return dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer); }
+  // What a checkpoint holds: under ZeRO the whole state, gathered on the leader by consolidate_state_dict().
+  TrainingObjects objects_to_save() {
+    auto* z = zero();
+    return {*model, z ? *z->consolidated() : optimizer, amp, sampler};
+  }
   double elapsed() const { return position.elapsed + std::chrono::duration<double>(Clock::now() - started).count(); }
   void say(const std::string& line) const {
     if (!workers.leader() || !o.progress()) return;
@@ -188,7 +209,8 @@ struct Run {
   int64_t per_rank_batch;
   ModelOptions model_options;
   std::shared_ptr<ClassifierImpl> model;
-  torch::optim::SGD optimizer;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_holder;  // SGD, or a ZeroRedundancyOptimizer around it
+  torch::optim::Optimizer& optimizer;
   Amp amp;
   detail::BufferGuard buffer_guard;
   dist::DistributedSampler sampler;
@@ -319,7 +341,13 @@ void resume_from_pytorch(Run& run) {
   const std::string& path = run.o.resume_from();
   if (path.empty() || run.resumed) return;
   TORCH_CHECK(fs::is_regular_file(path), "TrainOptions::resume_from: no file '", path, "'");
-  const PyTorchCheckpointContents c = load_pytorch_training_checkpoint(path, run.objects());
+  // Under ZeRO the file's state goes into an unsharded SGD first; each rank then keeps its shard's.
+  auto* zero = run.zero();
+  std::unique_ptr<torch::optim::SGD> unsharded;
+  if (zero) unsharded = std::make_unique<torch::optim::SGD>(run.optimizer.param_groups(), sgd_options(run.o));
+  TrainingObjects objects{*run.model, zero ? *unsharded : run.optimizer, run.amp, run.sampler};
+  const PyTorchCheckpointContents c = load_pytorch_training_checkpoint(path, objects);
+  if (zero) zero->load_from(*unsharded);
   if (c.optimizer) check_sgd_options(run);
   run.position.epoch = c.epoch;
   run.position.batch = c.batch;
@@ -339,7 +367,7 @@ void resume_from_pytorch(Run& run) {
 
 // Testing aid: what a kill in the middle of a checkpoint write leaves (half a temporary file).
 [[noreturn]] void die_halfway_through_save(Run& run, const RunPosition& now) {
-  const std::string bytes = training_checkpoint_bytes(run.objects(), now);
+  const std::string bytes = training_checkpoint_bytes(run.objects_to_save(), now);
   std::fprintf(stderr, "ampp train: test fault: rank %d killed halfway through the checkpoint of step %lld\n",
                run.workers.rank, static_cast<long long>(now.global_step));
   std::ofstream(temporary_path_for(run.checkpoint), std::ios::binary)
@@ -352,6 +380,7 @@ void resume_from_pytorch(Run& run) {
 void save(Run& run, int64_t epoch, int64_t batch) {
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.sums = run.workers.leader() ? totals : EpochSums{};
+  if (auto* zero = run.zero()) zero->consolidate_state_dict(0);  // every rank sends its shard to the leader
   if (!run.workers.leader()) return;
   RunPosition now;
   now.fingerprint = fingerprint(run.o, run.workers.world);
@@ -363,8 +392,8 @@ void save(Run& run, int64_t epoch, int64_t batch) {
   now.epoch_sums = run.sums;
   now.last_train_loss = run.last_train_loss;
   if (++run.saves == run.faults.kill_in_save) die_halfway_through_save(run, now);
-  save_training_checkpoint(run.checkpoint, run.objects(), now);
-  save_pytorch_training_checkpoint(pytorch_checkpoint_path(run.o), run.objects(), now);
+  save_training_checkpoint(run.checkpoint, run.objects_to_save(), now);
+  save_pytorch_training_checkpoint(pytorch_checkpoint_path(run.o), run.objects_to_save(), now);
   dist::report_progress(run.position.global_step);
 }
 
