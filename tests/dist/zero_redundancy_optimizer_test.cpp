@@ -4,6 +4,7 @@
 #include "dist/ddp_test_util.h"
 
 #include <ampp/amp/initialize.h>
+#include <ampp/dist/join.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
 
 #include "ampp_test.h"
@@ -231,6 +232,54 @@ TEST(ZeroRedundancyOptimizer, UnderO2EachRankKeepsMastersOfItsShardOnlyAndMatche
     EXPECT_EQ(amp_sharded.state_dict().at("master_params").toTensorVector().size(), zero.local_parameters().size());
     EXPECT_EQ(amp_plain.state_dict().at("master_params").toTensorVector().size(), plain->parameters().size());
     EXPECT_LT(zero.local_parameters().size(), plain->parameters().size());
+  });
+}
+
+// One process's view of a join run (SGD without momentum, so a frozen parameter is all a sitting-out
+// rank's shard keeps): the mean of the active ranks' gradients over the whole world, and, if
+// `freeze`, the shard of a rank that ran out restored after each step (its owner no longer steps it).
+torch::Tensor join_reference(const std::vector<int>& batches, bool freeze) {
+  auto model = make_model(1);
+  SGD opt(model->parameters(), 0.1);
+  const auto owners = assign_parameters_to_ranks({torch::optim::OptimizerParamGroup(model->parameters())}, 2);
+  for (int step = 0; step < std::max(batches[0], batches[1]); ++step) {
+    opt.zero_grad();
+    for (int r = 0; r < 2; ++r) {
+      if (step >= batches[static_cast<size_t>(r)]) continue;
+      const auto b = world_batch(step, r, 2);
+      (torch::mse_loss(model->forward(b.x), b.y) / 2).backward();
+    }
+    const auto before = snapshot(model->parameters());
+    opt.step();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < before.size(); ++i) {
+      if (freeze && step >= batches[static_cast<size_t>(owners[i])]) model->parameters()[i].copy_(before[i]);
+    }
+  }
+  return flat_params(model->parameters());
+}
+
+// Ranks with 3 and 5 batches both finish; while rank 0 sits out, its shard stays as it was (PyTorch's
+// ZeRO join hook) and the rest takes rank 1's gradients.
+TEST(ZeroRedundancyOptimizer, JoinLetsRanksWithThreeAndFiveBatchesFinishWithTheJoinedShardFrozen) {
+  const std::vector<int> batches{3, 5};
+  const auto frozen = join_reference(batches, true), unfrozen = join_reference(batches, false);
+  ASSERT_GT(rel_err(unfrozen, frozen), 1e-3);  // the reference tells the two semantics apart
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    auto model = make_model(rank + 1);
+    DistributedDataParallel<Mlp> ddp(model, pg);
+    auto zero = ZeroRedundancyOptimizer::of<SGD>(ddp.parameters(), SGDOptions(0.1),
+                                                 ZeroRedundancyOptimizerOptions().process_group(pg));
+    ampp::dist::join({&ddp.joinable(), &zero}, [&] {
+      for (int step = 0; step < batches[static_cast<size_t>(rank)]; ++step) {
+        zero.zero_grad();
+        const auto b = world_batch(step, rank, 2);
+        torch::mse_loss(ddp.forward(b.x), b.y).backward();
+        zero.step();
+      }
+    });
+    EXPECT_TRUE(same_on_all_ranks(pg, flat_params(ddp.parameters())));
+    EXPECT_LT(rel_err(flat_params(ddp.parameters()), frozen), 1e-5);
   });
 }
 

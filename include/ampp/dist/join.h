@@ -18,6 +18,7 @@
 // ranks' optimizer state stays as it was when they joined, as in PyTorch).
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include <torch/arg.h>
 
@@ -39,7 +40,7 @@ class Joinable {
   // active rank starts with one small allreduce that tells the joined ranks what to shadow.
   virtual void set_join_mode(const JoinOptions* options) = 0;
   // A joined rank's side of one iteration of the active ranks; returns how many are active (0: all done,
-  // nothing shadowed).
+  // nothing shadowed). Only the first joinable of join() answers that; the others' answers are ignored.
   virtual int shadow_iteration() = 0;
   // Once all are done: every rank takes the state of a rank that was active to the end
   // (`active_to_the_end` says whether this one was).
@@ -49,5 +50,10 @@ class Joinable {
 // Runs `loop` (this rank's iterations) in join mode, then shadows the other ranks' iterations until
 // every rank's loop has ended. Call it on every rank of the group.
 void join(Joinable& joinable, const std::function<void()>& loop, const JoinOptions& options = {});
+
+// Several joinables, in the order an iteration uses them: the first (DDP) runs the per-iteration round
+// that says who is active; the others only shadow their collectives after it, e.g.
+//   join({&ddp.joinable(), &zero}, loop)   // a ZeroRedundancyOptimizer stepped once per iteration
+void join(const std::vector<Joinable*>& joinables, const std::function<void()>& loop, const JoinOptions& options = {});
 
 }  // namespace ampp::dist

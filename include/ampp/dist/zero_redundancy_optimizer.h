@@ -14,6 +14,7 @@
 // Checkpoints: save_consolidated() writes the state of all shards as the *unsharded* optimizer's
 // archive (loadable by a plain optimizer of the same type, or by a ZeroRedundancyOptimizer of any
 // world size); save_shard() writes this rank's shard alone (same world size only).
+#include <ampp/dist/join.h>
 #include <ampp/dist/process_group.h>
 #include <ampp/util/sharded_optimizer.h>
 
@@ -50,7 +51,7 @@ using OptimizerFactory =
 std::vector<int> assign_parameters_to_ranks(const std::vector<torch::optim::OptimizerParamGroup>& groups,
                                             int world_size);
 
-class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOptimizer {
+class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOptimizer, public Joinable {
  public:
   ZeroRedundancyOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& groups, OptimizerFactory factory,
                           ZeroRedundancyOptimizerOptions options = {});
@@ -79,6 +80,13 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOp
   bool steps_locally(const torch::Tensor& param) const override;
   void use_master(const torch::Tensor& param, const torch::Tensor& master) override;
   void set_after_local_step(std::function<void()> copy_masters_to_model) override;
+
+  // Joinable (join.h), after DDP: join({&ddp.joinable(), &zero}, loop). A rank that ran out of inputs
+  // answers each of the others' steps with its shard as it is (as PyTorch's join hook): the shard of a
+  // joined rank is no longer updated. Every active iteration must call step() once.
+  void set_join_mode(const JoinOptions* options) override;
+  int shadow_iteration() override;
+  void finish_join(bool active_to_the_end) override;
 
   // This rank's shard (in param-group order; its FP32 masters under O2) and its optimizer.
   const std::vector<torch::Tensor>& local_parameters() const { return local_params_; }

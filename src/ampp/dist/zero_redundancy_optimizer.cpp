@@ -195,6 +195,15 @@ void ZeroRedundancyOptimizer::set_after_local_step(std::function<void()> copy_ma
   after_local_step_ = std::move(copy_masters_to_model);
 }
 
+void ZeroRedundancyOptimizer::set_join_mode(const JoinOptions*) {}  // nothing to announce: DDP's round does
+
+int ZeroRedundancyOptimizer::shadow_iteration() {
+  broadcast_parameters();  // the active ranks' step: their shards in, this rank's (unchanged) shard out
+  return 1;
+}
+
+void ZeroRedundancyOptimizer::finish_join(bool) {}  // the parameters are the model's: DDP's finish shares them
+
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   TORCH_CHECK(to >= 0 && to < group_.size(), "consolidate_state_dict: rank ", to, " is not in the group (ranks 0..",
               group_.size() - 1, ")");
