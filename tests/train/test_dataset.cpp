@@ -111,10 +111,15 @@ TEST(MnistFolder, LoadsAndNormalisesWithTrainingStatistics) {
     // Hand computation: raw pixel k of the training set is (7k mod 256)/255.
     auto raw = torch::tensor(iota_bytes(36)).to(torch::kFloat32) / 255.0;
     const double mean = raw.mean().item<double>(), sd = raw.std().item<double>();
-    EXPECT_NEAR(pair.train.images.mean().item<double>(), 0.0, 1e-6);
+    EXPECT_EQ(pair.train.images.scalar_type(), torch::kUInt8);  // a quarter of float32's memory
+    const auto train = pair.train.rows(0, 6), test = pair.test.rows(0, 3);
+    EXPECT_EQ(train.scalar_type(), torch::kFloat32);
+    EXPECT_NEAR(train.mean().item<double>(), 0.0, 1e-6);
+    EXPECT_NEAR(train.std().item<double>(), 1.0, 1e-6);
     const double raw5 = (7 * 5 % 256) / 255.0;
-    EXPECT_NEAR(pair.train.images[0][0][1][2].item<double>(), (raw5 - mean) / sd, 1e-5);
-    EXPECT_NEAR(pair.test.images[0][0][1][2].item<double>(), (raw5 - mean) / sd, 1e-5);  // train statistics
+    EXPECT_NEAR(train[0][0][1][2].item<double>(), (raw5 - mean) / sd, 1e-5);
+    EXPECT_NEAR(test[0][0][1][2].item<double>(), (raw5 - mean) / sd, 1e-5);  // train statistics
+    EXPECT_TRUE(torch::equal(pair.train.select(torch::tensor({4, 1})), torch::stack({train[4], train[1]})));
   }
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// Datasets for `ampp train`: MNIST-format IDX folders (Fashion-MNIST by default) and a seeded
-// synthetic set, held entirely in memory as normalised float tensors.
+// Datasets for `ampp train`: MNIST-format IDX folders (Fashion-MNIST by default), held in memory as
+// the files' uint8 pixels and standardised per batch (a quarter of float32's memory), and a seeded
+// synthetic set, held as standardised float tensors.
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -13,10 +14,17 @@ inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mni
 
 // One split, entirely in memory.
 struct Dataset {
-  torch::Tensor images;  // [N, C, H, W] float32, normalised
+  // [N, C, H, W]: uint8 pixels as the files hold them (standardised by select()/rows()), or float32
+  // values already standardised (synthetic data).
+  torch::Tensor images;
   torch::Tensor labels;  // [N] int64
   int64_t num_classes = 10;
+  // uint8 images become (x / 255 - pixel_mean) / pixel_std in float32 (the training split's statistics).
+  double pixel_mean = 0, pixel_std = 1;
   int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+  // The standardised float32 images at `indices` (int64), or of rows [begin, end).
+  torch::Tensor select(const torch::Tensor& indices) const;
+  torch::Tensor rows(int64_t begin, int64_t end) const;
 };
 
 struct DatasetPair {
@@ -33,8 +41,9 @@ torch::Tensor read_idx(const std::string& path);
 
 // Loads an MNIST-format folder: train-images-idx3-ubyte, train-labels-idx1-ubyte,
 // t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each optionally with .gz; the
-// "train-images.idx3-ubyte" spelling is accepted too). Images are scaled to [0,1] and then
-// normalised with the training split's mean and standard deviation. num_classes > 0 states the
+// "train-images.idx3-ubyte" spelling is accepted too). Images are kept as uint8; select()/rows() scale
+// them to [0,1] and standardise them with the training split's mean and standard deviation (computed
+// exactly, in double, from the pixel histogram). num_classes > 0 states the
 // number of classes (a larger label is an error); 0 takes max label + 1 and refuses a gap (a class
 // below the largest label with no training image, the sign of a stray label).
 DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes = 0);

@@ -29,7 +29,7 @@ std::optional<Batch> BatchIterator::next() {
   const int64_t end = std::min<int64_t>(begin + batch_size_, indices_.numel());
   ++position_;
   auto idx = indices_.slice(0, begin, end);
-  return Batch{dataset_.images.index_select(0, idx), dataset_.labels.index_select(0, idx)};
+  return Batch{dataset_.select(idx), dataset_.labels.index_select(0, idx)};
 }
 
 }  // namespace ampp::train

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include <array>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -62,18 +64,44 @@ Dataset make_split(const torch::Tensor& images_u8, const torch::Tensor& labels_u
               labels_path, "' has ", labels_u8.size(0), " labels; the two files must come from the same dataset");
   TORCH_CHECK(images_u8.size(0) > 0, "IDX file '", images_path, "' holds no images");
   Dataset d;
-  d.images = images_u8.to(torch::kFloat32).div_(255.0).unsqueeze(1);
+  d.images = images_u8.unsqueeze(1);  // uint8: standardised per batch
   d.labels = labels_u8.to(torch::kInt64);
   return d;
 }
 
-// Standardise both splits with the training split's statistics (no test-set leakage).
-void normalise(DatasetPair& pair) {
+// Standardise both splits with the training split's statistics (no test-set leakage): mean and
+// unbiased standard deviation of x / 255, exact in double from the 256-bin histogram, so no float
+// copy of the whole set is ever made (it would be the peak of a worker's memory).
+void normalise_pixels(DatasetPair& pair) {
+  std::array<int64_t, 256> counts{};
+  const auto pixels = pair.train.images.contiguous();
+  const uint8_t* p = pixels.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < pixels.numel(); ++i) ++counts[p[i]];
+  const double n = static_cast<double>(pixels.numel());
+  double sum = 0, squares = 0;
+  for (int v = 0; v < 256; ++v) sum += static_cast<double>(counts[v]) * (v / 255.0);
+  const double mean = sum / n;
+  for (int v = 0; v < 256; ++v) squares += static_cast<double>(counts[v]) * (v / 255.0 - mean) * (v / 255.0 - mean);
+  double stddev = n > 1 ? std::sqrt(squares / (n - 1)) : 0.0;
+  if (stddev < 1e-12) stddev = 1.0;  // constant images: only centre them
+  for (Dataset* d : {&pair.train, &pair.test}) {
+    d->pixel_mean = mean;
+    d->pixel_std = stddev;
+  }
+}
+
+// Float images (synthetic) are standardised in place, once.
+void normalise_floats(DatasetPair& pair) {
   const double mean = pair.train.images.mean().item<double>();
   double stddev = pair.train.images.std().item<double>();
-  if (stddev < 1e-12) stddev = 1.0;  // constant images: only centre them
+  if (stddev < 1e-12) stddev = 1.0;
   pair.train.images.sub_(mean).div_(stddev);
   pair.test.images.sub_(mean).div_(stddev);
+}
+
+torch::Tensor standardised(const Dataset& d, torch::Tensor images) {
+  if (images.scalar_type() != torch::kUInt8) return images;
+  return images.to(torch::kFloat32).div_(255.0).sub_(d.pixel_mean).div_(d.pixel_std);
 }
 
 }  // namespace
@@ -147,10 +175,18 @@ DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes) {
               pair.train.images.sizes(), " but test images are ", pair.test.images.sizes(), " in '", dir,
               "'; both splits must have the same image size");
   pair.train.num_classes = pair.test.num_classes = count_classes(pair, dir, num_classes);
-  normalise(pair);
+  normalise_pixels(pair);
   pair.description = fmt::format("{} ({} train, {} test images of {}x{})", dir, pair.train.size(), pair.test.size(),
                                  pair.train.images.size(2), pair.train.images.size(3));
   return pair;
+}
+
+torch::Tensor Dataset::select(const torch::Tensor& indices) const {
+  return standardised(*this, images.index_select(0, indices));
+}
+
+torch::Tensor Dataset::rows(int64_t begin, int64_t end) const {
+  return standardised(*this, images.slice(0, begin, end));
 }
 
 DatasetPair make_synthetic(const SyntheticOptions& o) {
@@ -169,7 +205,7 @@ DatasetPair make_synthetic(const SyntheticOptions& o) {
   DatasetPair pair;
   pair.train = split(o.train_size());
   pair.test = split(o.test_size());
-  normalise(pair);
+  normalise_floats(pair);
   pair.description = fmt::format("synthetic (seed {}: {} train, {} test images of 28x28, {} classes)", o.seed(),
                                  o.train_size(), o.test_size(), o.num_classes());
   return pair;

@@ -411,7 +411,7 @@ Evaluation evaluate(Run& run) {
   for (int64_t i = begin; i < end; i += batch) {
     dist::report_progress(run.position.global_step);  // alive, for the launcher's stall watch
     const int64_t j = std::min(end, i + batch);
-    auto x = test.images.slice(0, i, j);
+    auto x = test.rows(i, j);
     auto y = test.labels.slice(0, i, j);
     torch::Tensor logits;
     {
