@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
-from train_cnn import FASHION_MNIST, Cnn, read_idx, train_step  # noqa: E402  (ampp train's CNN and step, defined once)
+from train_cnn import FASHION_MNIST, Cnn, pixel_statistics, read_idx, train_step  # noqa: E402  (ampp train's CNN and step, defined once)
 
 
 class Mlp(nn.Module):
@@ -79,13 +79,16 @@ MODELS = {"mlp": Mlp, "cnn": Cnn, "resnet": ResNet}
 def fashion_mnist():
     """(train images, train labels, test images, test labels), standardised as ampp does."""
     def split(kind):
-        images = read_idx(os.path.join(FASHION_MNIST, f"{kind}-images-idx3-ubyte.gz")).to(torch.float32).div_(255.0)
+        pixels = read_idx(os.path.join(FASHION_MNIST, f"{kind}-images-idx3-ubyte.gz"))
         labels = read_idx(os.path.join(FASHION_MNIST, f"{kind}-labels-idx1-ubyte.gz")).to(torch.int64)
-        return images.unsqueeze(1), labels
+        return pixels.unsqueeze(1), labels
     train_x, train_y = split("train")
     test_x, test_y = split("t10k")
-    mean, std = train_x.mean().item(), train_x.std().item()
-    return train_x.sub_(mean).div_(std), train_y, test_x.sub_(mean).div_(std), test_y
+    mean, std = pixel_statistics(train_x)
+
+    def standardise(pixels):
+        return pixels.to(torch.float32).div_(255.0).sub_(mean).div_(std)
+    return standardise(train_x), train_y, standardise(test_x), test_y
 
 
 def evaluate(model, x, y, rank, world, dtype):

@@ -51,6 +51,22 @@ def read_idx(path):
     return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
 
 
+def pixel_statistics(pixels):
+    """Mean and unbiased standard deviation of pixels / 255, exact in double from the 256-bin histogram,
+    in the order ampp::train sums them (so both standardise to the same float32 values)."""
+    counts = torch.bincount(pixels.flatten(), minlength=256).tolist()
+    n = float(sum(counts))
+    mean = 0.0
+    for v, c in enumerate(counts):
+        mean += c * (v / 255.0)
+    mean /= n
+    squares = 0.0
+    for v, c in enumerate(counts):
+        squares += c * (v / 255.0 - mean) * (v / 255.0 - mean)
+    std = (squares / (n - 1)) ** 0.5 if n > 1 else 0.0
+    return mean, (std if std >= 1e-12 else 1.0)
+
+
 def training_images(spec, seed):
     """ampp::train::load_dataset's training split (images, labels), standardised as ampp does."""
     if spec.startswith("synthetic"):
@@ -61,9 +77,10 @@ def training_images(spec, seed):
         images = prototypes.index_select(0, labels) + 1.0 * torch.normal(0.0, 1.0, (n, 1, 28, 28), generator=gen)
     else:
         folder = FASHION_MNIST if spec == "fashion-mnist" else spec
-        images = read_idx(os.path.join(folder, "train-images-idx3-ubyte.gz")).to(torch.float32).div_(255.0)
-        images = images.unsqueeze(1)
+        pixels = read_idx(os.path.join(folder, "train-images-idx3-ubyte.gz"))
         labels = read_idx(os.path.join(folder, "train-labels-idx1-ubyte.gz")).to(torch.int64)
+        mean, std = pixel_statistics(pixels)
+        return pixels.unsqueeze(1).to(torch.float32).div_(255.0).sub_(mean).div_(std), labels
     mean, std = images.mean().item(), images.std().item()
     return images.sub_(mean).div_(std), labels
 
