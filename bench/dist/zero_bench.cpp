@@ -24,6 +24,7 @@
 #include <ampp/amp/initialize.h>
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
+#include <ampp/train/metrics.h>
 
 namespace {
 
@@ -57,14 +58,6 @@ struct Config {
 struct Result {
   double state_mb = 0, masters_mb = 0, peak_rss_mb = 0, step_ms = 0;
 };
-
-double peak_rss_mb() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return 0;
-}
 
 double mb(const torch::Tensor& t) { return t.defined() ? static_cast<double>(t.nbytes()) / (1 << 20) : 0.0; }
 
@@ -125,7 +118,7 @@ Result run_rank(const Config& config, int rank, int port, int steps) {
   std::vector<torch::Tensor> stepped;
   for (const auto& group : holder.param_groups())
     stepped.insert(stepped.end(), group.params().begin(), group.params().end());
-  return {adam_state_mb(holder), masters_mb(stepped, model), peak_rss_mb(), times[times.size() / 2]};
+  return {adam_state_mb(holder), masters_mb(stepped, model), ampp::train::peak_rss_mb(), times[times.size() / 2]};
 }
 
 // Forks the ranks of one configuration; each writes its Result into a file the parent reads.

@@ -89,7 +89,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOp
   void finish_join(bool active_to_the_end) override;
 
   // This rank's shard (in param-group order; its FP32 masters under O2) and its optimizer.
-  const std::vector<torch::Tensor>& local_parameters() const { return local_params_; }
+  std::vector<torch::Tensor> local_parameters() const;
   torch::optim::Optimizer& local_optimizer() { return *local_; }
   // The owner of each parameter of param_groups(), in order.
   const std::vector<int>& owners() const { return owners_; }
@@ -120,6 +120,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOp
 
  private:
   std::vector<torch::optim::OptimizerParamGroup> groups_of_rank(int rank) const;
+  torch::Tensor owners_tensor() const;  // for a shard's file
   void sync_options_to_local();
   void broadcast_parameters();
 
@@ -130,7 +131,6 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOp
   // What each rank broadcasts after its step: the parameters it owns, as the model holds them.
   std::vector<std::vector<torch::Tensor>> shared_by_owner_;
   std::function<void()> after_local_step_;
-  std::vector<torch::Tensor> local_params_;
   std::unique_ptr<torch::optim::Optimizer> local_;
   // The unsharded optimizer holding every shard's state, on the consolidating rank until saved.
   std::unique_ptr<torch::optim::Optimizer> consolidated_;

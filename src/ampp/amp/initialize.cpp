@@ -90,16 +90,17 @@ OptimizerRecord make_record(torch::optim::Optimizer& optimizer, const AmpState& 
                     " that is not a parameter of the model passed to initialize(). "
                     "Build the optimizer from that model's parameters (model->parameters()) and pass an FP32 model.");
       }
-      if (is_cast && st.use_masters && p.requires_grad() && sharded && !sharded->steps_locally(p)) {
-        // ZeRO: another process steps it and sends it over; here only its gradient is checked for inf/NaN.
-      } else if (is_cast && st.use_masters && p.requires_grad()) {
+      const bool needs_master = is_cast && st.use_masters && p.requires_grad();
+      // ZeRO: another process steps a parameter of another shard and sends it over; here only its
+      // gradient is checked for inf/NaN, so it gets no master.
+      if (needs_master && (!sharded || sharded->steps_locally(p))) {
         torch::Tensor master = p.detach().to(torch::kFloat).clone().requires_grad_(true);
         detail::move_param_state(optimizer, p, master);  // state lives with the master, in FP32
         slot.model = p;
         slot.param = master;
         p = master;  // the optimizer now steps the master
         if (sharded) sharded->use_master(slot.model, master);
-      } else if (is_cast) {
+      } else if (is_cast && !needs_master) {
         detail::cast_param_state(optimizer, p);  // O3: state in the parameter's (low) dtype
       }
       rec.slots.push_back(std::move(slot));

@@ -18,12 +18,22 @@ namespace {
 using torch::optim::Optimizer;
 using torch::optim::OptimizerParamGroup;
 
-std::string archive_bytes(const Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
+std::string bytes_of(torch::serialize::OutputArchive& archive) {  // save_to is not const
   std::ostringstream out;
   archive.save_to(out);
   return out.str();
+}
+
+std::string archive_bytes(const Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  return bytes_of(archive);
+}
+
+std::vector<torch::Tensor> params_of(const std::vector<OptimizerParamGroup>& groups) {
+  std::vector<torch::Tensor> params;
+  for (const auto& g : groups) params.insert(params.end(), g.params().begin(), g.params().end());
+  return params;
 }
 
 void load_archive_bytes(Optimizer& optimizer, const std::string& bytes) {
@@ -117,13 +127,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const std::vector<OptimizerPara
   TORCH_CHECK(options_.broadcast_bucket_mb() > 0, "ZeroRedundancyOptimizer: broadcast_bucket_mb must be > 0, got ",
               options_.broadcast_bucket_mb());
   owners_ = assign_parameters_to_ranks(param_groups_, group_.size());
-  shared_by_owner_.resize(static_cast<size_t>(group_.size()));
-  size_t index = 0;
-  for (const auto& group : param_groups_) {
-    for (const auto& p : group.params()) shared_by_owner_[static_cast<size_t>(owners_[index++])].push_back(p);
-  }
+  for (int r = 0; r < group_.size(); ++r) shared_by_owner_.push_back(params_of(groups_of_rank(r)));
   auto mine = groups_of_rank(group_.rank());
-  for (const auto& g : mine) local_params_.insert(local_params_.end(), g.params().begin(), g.params().end());
   local_ = factory_(mine);
   TORCH_CHECK(local_ && local_->param_groups().size() == mine.size(),
               "ZeroRedundancyOptimizer: the factory must build an optimizer over exactly the groups it is given (",
@@ -169,9 +174,13 @@ void ZeroRedundancyOptimizer::broadcast_parameters() {
   }
 }
 
+std::vector<torch::Tensor> ZeroRedundancyOptimizer::local_parameters() const {
+  return params_of(local_->param_groups());
+}
+
 bool ZeroRedundancyOptimizer::steps_locally(const torch::Tensor& param) const {
-  return std::any_of(local_params_.begin(), local_params_.end(),
-                     [&](const torch::Tensor& p) { return p.is_same(param); });
+  const auto local = local_parameters();
+  return std::any_of(local.begin(), local.end(), [&](const torch::Tensor& p) { return p.is_same(param); });
 }
 
 void ZeroRedundancyOptimizer::use_master(const torch::Tensor& param, const torch::Tensor& master) {
@@ -180,7 +189,6 @@ void ZeroRedundancyOptimizer::use_master(const torch::Tensor& param, const torch
   const auto same = [&](torch::Tensor& p) {
     if (p.is_same(param)) p = master;
   };
-  std::for_each(local_params_.begin(), local_params_.end(), same);
   for (auto& group : local_->param_groups()) std::for_each(group.params().begin(), group.params().end(), same);
   for (auto& group : param_groups_) std::for_each(group.params().begin(), group.params().end(), same);
   auto it = local_->state().find(optimizer_state_key(param));
@@ -239,7 +247,7 @@ void ZeroRedundancyOptimizer::load_from(Optimizer& unsharded) {
   TORCH_CHECK(unsharded.param_groups().size() == param_groups_.size(),
               "ZeroRedundancyOptimizer::load_from: ", unsharded.param_groups().size(),
               " param groups, this optimizer has ", param_groups_.size());
-  move_state(unsharded, *local_, local_params_);
+  move_state(unsharded, *local_, local_parameters());
   copy_group_options(unsharded.param_groups(), param_groups_);
   sync_options_to_local();
 }
@@ -252,16 +260,18 @@ void ZeroRedundancyOptimizer::save_consolidated(const std::string& path, int to)
   }
 }
 
+torch::Tensor ZeroRedundancyOptimizer::owners_tensor() const {
+  return torch::tensor(std::vector<int64_t>(owners_.begin(), owners_.end()));
+}
+
 void ZeroRedundancyOptimizer::save_shard(const std::string& path) const {
   torch::serialize::OutputArchive archive, local;
   local_->save(local);
   archive.write("world_size", torch::tensor(static_cast<int64_t>(group_.size())));
   archive.write("rank", torch::tensor(static_cast<int64_t>(group_.rank())));
-  archive.write("owners", torch::tensor(std::vector<int64_t>(owners_.begin(), owners_.end())));
+  archive.write("owners", owners_tensor());
   archive.write("local_optimizer", local);
-  std::ostringstream out;
-  archive.save_to(out);
-  write_file_atomic(path, out.str());
+  write_file_atomic(path, bytes_of(archive));
 }
 
 void ZeroRedundancyOptimizer::load_shard(const std::string& path) {
@@ -276,8 +286,7 @@ void ZeroRedundancyOptimizer::load_shard(const std::string& path) {
               group_.rank(), " of ", group_.size(),
               ". Shards only fit the same world size and rank; to change the world size, save with "
               "save_consolidated() and load() the consolidated file on every rank");
-  TORCH_CHECK(torch::equal(owners, torch::tensor(std::vector<int64_t>(owners_.begin(), owners_.end()))),
-              "load_shard: '", path,
+  TORCH_CHECK(torch::equal(owners, owners_tensor()), "load_shard: '", path,
               "' was saved with another partition of the parameters (different parameters or groups)");
   archive.read("local_optimizer", local);
   local_->load(local);
