@@ -63,6 +63,28 @@ TEST(Metrics, SummaryRoundTripsThroughJson) {
   AMPP_EXPECT_THROW_WITH(summary_from_json(to_json(StepRecord{})), "not a summary record");
 }
 
+TEST(Metrics, StepPhasesRoundTripPerRankAndOlderSummariesHaveNone) {
+  using ampp::train::StepPhase;
+  Summary s;
+  s.world_size = 2;
+  s.step_phases.resize(2);
+  s.step_phases[0].steps = s.step_phases[1].steps = 8;
+  s.step_phases[0][StepPhase::kForward] = 0.5;  // 62.5 ms per step
+  s.step_phases[1][StepPhase::kAllreduceWait] = 0.25;
+  const auto j = to_json(s);
+  EXPECT_DOUBLE_EQ(j["step_phases_ms"][0]["forward"].get<double>(), 62.5);
+  EXPECT_DOUBLE_EQ(j["step_phases_ms"][1]["step"].get<double>(), 31.25);
+  const Summary back = summary_from_json(j);
+  ASSERT_EQ(back.step_phases.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.step_phases[1][StepPhase::kAllreduceWait], 0.25);
+  auto older = j;
+  older.erase("step_phases_ms");
+  EXPECT_TRUE(summary_from_json(older).step_phases.empty());
+  const std::string table = ampp::train::step_phases_table(s.step_phases);
+  EXPECT_NE(table.find("62.50 (100.0%)"), std::string::npos) << table;
+  EXPECT_NE(table.find("rank 1"), std::string::npos) << table;
+}
+
 TEST(Metrics, MalformedJsonlNamesTheLine) {
   ampp_test::TempDir tmp;
   const auto path = tmp.path() / "bad.jsonl";

@@ -52,7 +52,8 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--checkpoint-every 5", "--checkpoint-every needs --checkpoint-dir"},
       {"--lr-step=-1", "--lr-step must be 0 (constant lr) or a positive number of epochs"},
       {"--log-every 0", "--log-every must be at least 1"},
-      {"--nproc 0", "--nproc must be between 1 and 256"},
+      {"--nproc 0", "--nproc: '0' is not auto or a number of workers from 1 to 256"},
+      {"--nproc many", "--nproc: 'many' is not auto or a number of workers from 1 to 256"},
       {"--epochs abc", "--epochs: 'abc' is not an integer"},
       // Numbers too large for the field: before, a crash (uncaught std::out_of_range) or a silent clamp.
       {"--epochs 99999999999999999999", "--epochs: '99999999999999999999' is not an integer in"},

@@ -27,14 +27,17 @@
 #include <vector>
 
 #include "command_registry.h"
+#include "layout_choice.h"
 
 namespace {
 
 using ampp::train::TrainOptions;
 
+constexpr int kAutoNproc = 0;  // --nproc auto: the fastest measured layout (layout_choice.h)
+
 struct TrainArgs {
   TrainOptions options;
-  int nproc = 2;
+  int nproc = kAutoNproc;
   double stall_timeout_s = ampp::dist::LaunchOptions().stall_timeout().count() / 1000.0;
 };
 
@@ -93,7 +96,18 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
   sub.add_option("--data", o.data(),
                  "Fashion-MNIST from dataset-fashion-mnist (default), 'synthetic[:N]' or an MNIST-format folder");
   ampp::cli::add_number(sub, "--num-classes", o.num_classes(), "number of classes (0: from the labels)");
-  ampp::cli::add_number(sub, "--nproc", a.nproc, "worker processes (DDP + DistributedSampler through the launcher)");
+  auto parse_nproc = [](const std::string& text) {
+    if (text == "auto") return kAutoNproc;
+    const auto n = ampp::cli::parse_as<int>(text);
+    TORCH_CHECK(n && *n >= 1 && *n <= 256, "'", text, "' is not auto or a number of workers from 1 to 256");
+    return *n;
+  };
+  sub.add_option_function<std::string>(
+         "--nproc", [&a, parse_nproc](const std::string& text) { a.nproc = parse_nproc(text); },
+         "worker processes (DDP + DistributedSampler through the launcher); auto: the fastest layout of workers x "
+         "threads for this job on this machine, measured once and cached")
+      ->check(ampp::cli::parsed_by(parse_nproc, "N|auto"))
+      ->default_str(a.nproc == kAutoNproc ? "auto" : std::to_string(a.nproc));
   ampp::cli::add_number(sub, "--stall-timeout", a.stall_timeout_s,
                         "seconds a worker may make no progress before it is named and the run stopped (0: off)");
   ampp::cli::add_number(sub, "--timeout", o.timeout(),
@@ -115,6 +129,9 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
   sub.add_option("--tensorboard", o.tensorboard(),
                  "also write the metrics (and the doctor's histograms) as TensorBoard event files into DIR");
   sub.add_flag_callback("--quiet", [&o] { o.progress(false); }, "no progress output");
+  sub.add_flag("--profile", o.profile(),
+               "print where each worker's step time went: data, forward, backward, allreduce wait, optimizer, "
+               "bookkeeping (summary.json has it always)");
 }
 
 // Launcher mode: this process starts `nproc` workers running the user's own command line.
@@ -141,13 +158,22 @@ int launch_workers(const TrainArgs& a) {
       ampp::dist::LaunchOptions().nproc_per_node(a.nproc).stall_timeout(stall_timeout).verbose(false), argv);
 }
 
-int run(const TrainArgs& a) {
-  TORCH_CHECK(a.nproc >= 1 && a.nproc <= 256, "--nproc must be between 1 and 256, got ", a.nproc);
+// --nproc auto in the launching process: the layout chosen, and why, on the terminal.
+int chosen_nproc(const TrainOptions& o) {
+  const auto choice = ampp::cli::choose_layout(o, self_exe(), ampp::cli::default_layout_cache());
+  if (o.progress()) std::printf("ampp train: %s\n", choice.reason.c_str());
+  std::fflush(stdout);
+  return choice.nproc;
+}
+
+int run(TrainArgs a) {
   TORCH_CHECK(a.stall_timeout_s >= 0 && a.stall_timeout_s <= 1e6,
               "--stall-timeout must be 0 (off) to 1e6 seconds, got ", a.stall_timeout_s);
   ampp::train::validate(a.options);
   const char* world = std::getenv("WORLD_SIZE");
-  if (a.nproc > 1 && (world == nullptr || *world == '\0')) return launch_workers(a);
+  const bool launching = world == nullptr || *world == '\0';  // not a worker of a launcher or torchrun
+  if (a.nproc == kAutoNproc) a.nproc = launching ? chosen_nproc(a.options) : 1;
+  if (a.nproc > 1 && launching) return launch_workers(a);
   // The progress bar already says what the workers do: the library's setup lines (process group
   // ready, DDP buckets) are shown only when asked for with AMPP_LOG_LEVEL=info or debug.
   if (!std::getenv("AMPP_LOG_LEVEL")) ampp::dist::set_log_level(ampp::dist::LogLevel::kWarning);
@@ -177,6 +203,7 @@ const bool registered_doctor = ampp::cli::register_command(
      [](CLI::App& sub) {
        auto a = std::make_shared<TrainArgs>();
        a->options.doctor(true).steps(100).out("ampp-doctor-out").max_consecutive_skips(0);
+       a->nproc = 2;  // a diagnosis, not a speed question: two workers, as the doctor always used
        return add_train_flags(sub, a);
      },
      kRenamedFields});

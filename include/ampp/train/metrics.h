@@ -1,6 +1,7 @@
 #pragma once
 // What `ampp train` reports: metrics.jsonl (one JSON object per logged step and per epoch),
 // a per-epoch progress bar on rank 0, the final summary table and gnuplot PNGs.
+#include <ampp/train/step_phases.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -90,6 +91,7 @@ struct Summary {
   int64_t epochs = 0, steps = 0, skipped_steps = 0;
   double test_accuracy = 0, test_loss = 0, train_loss = 0;
   double seconds = 0, images_per_sec = 0, final_scale = 1, peak_rss_mb = 0;
+  std::vector<StepPhases> step_phases;  // per rank, the steps this process ran (empty: none ran)
 };
 
 // The summary as an aligned text table.

@@ -91,6 +91,9 @@ struct TrainOptions {
   TORCH_ARG(std::string, tensorboard) = "";
   // Progress output on rank 0 (false for quiet tests).
   TORCH_ARG(bool, progress) = true;
+  // Print where each rank's step time went (data, forward, backward, allreduce wait, optimizer, ...) at
+  // the end; summary.json holds it either way (include/ampp/train/step_phases.h).
+  TORCH_ARG(bool, profile) = false;
 };
 
 // Throws c10::Error naming the bad option ("TrainOptions::lr must be ...") and the fix.

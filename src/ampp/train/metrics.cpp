@@ -49,22 +49,26 @@ nlohmann::json to_json(const EpochRecord& r) {
 }
 
 nlohmann::json to_json(const Summary& s) {
-  return {{"type", "summary"},
-          {"model", s.model},
-          {"data", s.data},
-          {"precision", s.precision},
-          {"world_size", s.world_size},
-          {"epochs", s.epochs},
-          {"steps", s.steps},
-          {"skipped_steps", s.skipped_steps},
-          {"test_accuracy", s.test_accuracy},
-          {"test_loss", s.test_loss},
-          {"train_loss", s.train_loss},
-          {"seconds", s.seconds},
-          {"images_per_sec", s.images_per_sec},
-          {"final_loss_scale", s.final_scale},
-          {"peak_rss_mb", s.peak_rss_mb},
-          {"compute", s.compute}};
+  nlohmann::json j = {{"type", "summary"},
+                      {"model", s.model},
+                      {"data", s.data},
+                      {"precision", s.precision},
+                      {"world_size", s.world_size},
+                      {"epochs", s.epochs},
+                      {"steps", s.steps},
+                      {"skipped_steps", s.skipped_steps},
+                      {"test_accuracy", s.test_accuracy},
+                      {"test_loss", s.test_loss},
+                      {"train_loss", s.train_loss},
+                      {"seconds", s.seconds},
+                      {"images_per_sec", s.images_per_sec},
+                      {"final_loss_scale", s.final_scale},
+                      {"peak_rss_mb", s.peak_rss_mb},
+                      {"compute", s.compute}};
+  if (s.step_phases.empty()) return j;
+  auto& ranks = j["step_phases_ms"] = nlohmann::json::array();
+  for (const auto& p : s.step_phases) ranks.push_back(to_json(p));
+  return j;
 }
 
 Summary summary_from_json(const nlohmann::json& j) {
@@ -85,6 +89,8 @@ Summary summary_from_json(const nlohmann::json& j) {
   s.images_per_sec = j.at("images_per_sec").get<double>();
   s.final_scale = j.at("final_loss_scale").get<double>();
   s.peak_rss_mb = j.at("peak_rss_mb").get<double>();
+  for (const auto& p : j.value("step_phases_ms", nlohmann::json::array()))
+    s.step_phases.push_back(step_phases_from_json(p));
   return s;
 }
 

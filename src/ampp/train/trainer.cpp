@@ -17,6 +17,7 @@
 #include <ampp/train/doctor.h>
 #include <ampp/train/models.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
+#include <ampp/train/step_phases.h>
 #include <ampp/train/tensorboard.h>
 #include <ampp/train/trainer.h>
 #include <ampp/util/atomic_file.h>
@@ -234,6 +235,8 @@ struct Run {
   std::vector<std::string> last_overflowed;  // the parameters of the latest skipped step
   std::optional<GradientRanges> ranges;      // the numerics doctor's report (TrainOptions::doctor, rank 0)
   nlohmann::json first_non_finite;           // the doctor's replay of the first skipped step (null: none yet)
+  StepPhases phases;                         // where this process's step time went
+  PhaseClock clock{phases};
 };
 
 // ---- small helpers ----
@@ -521,6 +524,12 @@ void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
         "rank 0's batch replayed finite: the inf/NaN came from another rank's batch or was injected";
 }
 
+// The last backward's wait for its buckets' allreduce, after autograd finished (reducer.h).
+double allreduce_wait_seconds(Ddp& ddp) {
+  const dist::IterationTimeline t = ddp.reducer().last_timeline();
+  return std::chrono::duration<double>(t.finalize_end - t.finalize_begin).count();
+}
+
 StepResult train_step(Run& run, const Batch& batch) {
   Amp& amp = run.amp;
   amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/handle.h)
@@ -529,7 +538,10 @@ StepResult train_step(Run& run, const Batch& batch) {
   logits = logits.to(torch::kFloat32);
   auto loss = torch::nn::functional::cross_entropy(logits, batch.target);
   auto scaled = amp.scale_loss(maybe_inject_inf(run, loss));
+  run.clock.lap(StepPhase::kForward);
   scaled.backward();
+  run.clock.lap(StepPhase::kBackward);
+  if (run.ddp) run.clock.move(StepPhase::kBackward, StepPhase::kAllreduceWait, allreduce_wait_seconds(*run.ddp));
   if (run.ranges) run.ranges->observe(named_master_gradients(run), scaled.scale(), loss.item<double>());
   // Without a loss scaler nothing has checked the gradients, and one inf/NaN would reach every
   // weight: skip the step as the scaler would (check_divergence counts it). With DDP the gradients
@@ -543,6 +555,7 @@ StepResult train_step(Run& run, const Batch& batch) {
   const bool stepped = may_step && amp.step();
   run.buffer_guard.restore_if_non_finite();  // also after a taken step: x*x can overflow while x did not
   if (run.ranges && !stepped && run.first_non_finite.is_null()) locate_first_non_finite(run, batch, scaled.scale());
+  run.clock.lap(StepPhase::kOptimizer);
   return {logits, loss.item<double>(), stepped, std::move(overflowed)};
 }
 
@@ -652,7 +665,9 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
   const auto& o = run.o;
   const int64_t images_per_step = run.per_rank_batch * run.workers.world;
   Throughput meter;
+  run.clock.restart();  // between epochs: evaluation and checkpoints are not step time
   while (auto batch = batches.next()) {
+    run.clock.lap(StepPhase::kData);
     set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
     const StepResult step = train_step(run, *batch);
     count_step(run, step, *batch);
@@ -669,6 +684,8 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
     const bool stop = reached_step_limit(run);
     const bool periodic = o.checkpoint_every() > 0 && run.position.global_step % o.checkpoint_every() == 0;
     if (!run.checkpoint.empty() && !epoch_end && (stop || periodic)) save(run, epoch, batches.position());
+    ++run.phases.steps;
+    run.clock.lap(StepPhase::kBookkeeping);
     if (stop) break;
   }
 }
@@ -778,6 +795,21 @@ Summary summarize(const Run& run) {
   return s;
 }
 
+// Every rank's StepPhases, on every rank (one allreduce: each rank fills its own row).
+std::vector<StepPhases> gather_step_phases(const Run& run) {
+  const auto world = static_cast<int64_t>(run.workers.world), columns = static_cast<int64_t>(kNumStepPhases) + 1;
+  auto rows = torch::zeros({world, columns}, torch::kFloat64);
+  for (size_t k = 0; k < kNumStepPhases; ++k) rows[run.workers.rank][static_cast<int64_t>(k)] = run.phases.seconds[k];
+  rows[run.workers.rank][columns - 1] = static_cast<double>(run.phases.steps);
+  allreduce_sum(run.workers.pg, rows);
+  std::vector<StepPhases> ranks(static_cast<size_t>(world));
+  for (int64_t r = 0; r < world; ++r) {
+    for (size_t k = 0; k < kNumStepPhases; ++k) ranks[r].seconds[k] = rows[r][static_cast<int64_t>(k)].item<double>();
+    ranks[r].steps = static_cast<int64_t>(rows[r][columns - 1].item<double>());
+  }
+  return ranks;
+}
+
 // Rank 0: model.pt, the summary line and file, the summary table and the plots. Every file is
 // written atomically, summary.json last: its presence means the outputs are complete.
 void write_outputs(Run& run, const Summary& summary) {
@@ -787,6 +819,9 @@ void write_outputs(Run& run, const Summary& summary) {
   run.metrics->write_line(to_json(summary));
   write_file_atomic((out / "summary.json").string(), to_json(summary).dump(2) + "\n");
   if (run.o.progress()) std::printf("\n%s", summary_table(summary).c_str());
+  if (run.o.profile() && !summary.step_phases.empty())
+    std::printf("\nwhere the step time went (TrainOptions::profile):\n%s",
+                step_phases_table(summary.step_phases).c_str());
   if (run.o.plots()) {
     try {
       const auto pngs = write_plots(run.metrics->path(), run.o.out());
@@ -867,7 +902,8 @@ Summary train(const TrainOptions& options) {
   for (int64_t epoch = run.position.epoch; epoch < options.epochs() && !reached_step_limit(run); ++epoch) {
     if (!run_epoch(run, epoch, tty)) break;
   }
-  const Summary summary = summarize(run);
+  Summary summary = summarize(run);
+  summary.step_phases = gather_step_phases(run);
   write_outputs(run, summary);
   if (run.workers.pg) run.workers.pg.barrier();
   return summary;
