@@ -186,3 +186,31 @@ TEST(DDP, ConstructionErrors) {
     }
   });
 }
+
+// broadcast_coalesced packs a chunk's tensors of any dtypes as bytes (one collective): odd byte counts
+// before wider dtypes, a non-contiguous tensor, a lone large tensor in place, and a chunk limit that
+// splits the list all arrive bit for bit.
+TEST(DDP, BroadcastCoalescedMovesMixedDtypesBitForBit) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    auto make = [](int seed) {
+      torch::manual_seed(seed);
+      return std::vector<torch::Tensor>{
+          torch::rand({3}) > 0.5,                                  // 3 bytes: the next part starts unaligned
+          torch::randn({5}, torch::kFloat64),                      // 8-byte words after them
+          torch::randn({7}).to(torch::kBFloat16),                  // 14 bytes
+          torch::randint(1 << 30, {}, torch::kLong),               // 0-dim counter (BatchNorm's)
+          torch::randn({4, 6}).t(),                                // non-contiguous
+          torch::randn({2, 3}, torch::kFloat32).to(torch::kHalf),  // fp16
+          torch::randn({4096}),                                    // 16 KiB: alone in its chunk, in place
+      };
+    };
+    auto mine = make(rank == 0 ? 1 : 2), expected = make(1);
+    broadcast_coalesced(pg, mine, /*chunk_bytes=*/512, /*src=*/0);
+    ASSERT_EQ(mine.size(), expected.size());
+    for (size_t k = 0; k < mine.size(); ++k) {
+      EXPECT_EQ(mine[k].scalar_type(), expected[k].scalar_type()) << k;
+      EXPECT_EQ(mine[k].sizes(), expected[k].sizes()) << k;
+      EXPECT_TRUE(torch::equal(mine[k], expected[k])) << "tensor " << k << " on rank " << rank;
+    }
+  });
+}

@@ -82,8 +82,9 @@ class Reducer : public Joinable {
   std::shared_ptr<Impl> impl_;
 };
 
-// Broadcast tensors from `src` in place, packed by dtype into flat chunks of at most `chunk_bytes`
-// (PyTorch's _broadcast_coalesced; bfloat16/bool travel bit-exactly as 16/8-bit words).
+// Broadcast tensors from `src` in place: consecutive tensors of any dtypes packed as bytes into flat
+// chunks of at most `chunk_bytes`, one collective each (PyTorch's _broadcast_coalesced packs per dtype:
+// one collective more per dtype); a lone large tensor travels in place. Bit-exact for every dtype.
 void broadcast_coalesced(const ProcessGroup& group, const std::vector<torch::Tensor>& tensors, int64_t chunk_bytes,
                          int src = 0);
 
