@@ -84,6 +84,9 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
   sub.add_flag("--deterministic", o.deterministic(), "deterministic algorithms only");
   sub.add_flag("--sync-bn", o.sync_batch_norm(),
                "BatchNorm statistics over the global batch of all workers (SyncBatchNorm), not each worker's share");
+  sub.add_flag_callback(
+      "--gloo-allreduce", [&o] { o.shared_memory_allreduce(false); },
+      "workers on one machine reduce their gradients through Gloo's loopback TCP instead of shared memory");
   sub.add_flag("--zero", o.zero(),
                "shard the optimizer state over the workers (ZeRO stage 1, ZeroRedundancyOptimizer); same results");
   ampp::cli::add_number(sub, "--max-consecutive-skips", o.max_consecutive_skips(),

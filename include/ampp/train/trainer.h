@@ -55,6 +55,9 @@ struct TrainOptions {
   // With several workers: each keeps the SGD momentum of its shard of the parameters only
   // (ampp::dist::ZeroRedundancyOptimizer); checkpoints hold the whole state, as without it.
   TORCH_ARG(bool, zero) = false;
+  // With several workers all on this machine: DDP's gradient allreduce through shared memory
+  // (ampp::dist::shared_memory_allreduce_hook) instead of Gloo's loopback TCP; the same gradients.
+  TORCH_ARG(bool, shared_memory_allreduce) = true;
   // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).
   TORCH_ARG(int64_t, num_classes) = 0;
   // The run stops with an error after this many steps in a row were skipped for non-finite gradients

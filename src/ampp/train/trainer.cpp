@@ -5,6 +5,7 @@
 #include <ampp/dist/heartbeat.h>
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>
+#include <ampp/dist/shared_memory_allreduce.h>
 #include <ampp/dist/sync_batch_norm.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
 #include <ampp/numerics/unscale.h>
@@ -837,6 +838,14 @@ void write_outputs(Run& run, const Summary& summary) {
         fmt::format("tensorboard: {} (view: tensorboard --logdir {})", run.tensorboard->path(), run.o.tensorboard()));
 }
 
+// DDP over the workers; when they all run on this machine, its allreduce goes through shared memory.
+void start_ddp(Run& run) {
+  run.ddp.emplace(run.model, run.workers.pg);
+  const auto& pg = run.workers.pg;
+  if (run.o.shared_memory_allreduce() && pg.local_size() == pg.size())
+    run.ddp->register_comm_hook(dist::shared_memory_allreduce_hook(pg));
+}
+
 // ---- a finished run, resumed ----
 
 bool nothing_left(const Run& run) { return reached_step_limit(run) || run.position.epoch >= run.o.epochs(); }
@@ -890,7 +899,7 @@ Summary train(const TrainOptions& options) {
   resume_from_pytorch(run);
   if (run.resumed && nothing_left(run)) return finish_finished_run(run);
   // DDP after the resume, so its construction broadcast starts every rank from the loaded weights.
-  if (run.workers.world > 1) run.ddp.emplace(run.model, run.workers.pg);
+  if (run.workers.world > 1) start_ddp(run);
   run.started = Clock::now();
   dist::report_progress(run.position.global_step);  // watched by the launcher from here on
   open_outputs(run);

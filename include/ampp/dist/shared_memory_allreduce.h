@@ -1,0 +1,42 @@
+#pragma once
+// An allreduce among the ranks of one machine through a shared-memory segment, instead of Gloo's
+// loopback TCP: each rank copies its tensor into its slot, waits for the others (a futex barrier in the
+// segment: no spinning thread steals another worker's core), then sums the slots in rank order. For the
+// default CNN's 0.82 MB of gradients Gloo's allreduce takes ~1.6 ms on 2 local ranks; this is a copy and
+// an add at memory bandwidth. Same result on every rank; bit-identical to Gloo's for 2 ranks (a+b is
+// commutative); for 3+ ranks the sum is in rank order (Gloo's ring adds in another order).
+#include <ampp/dist/comm_hooks.h>
+#include <ampp/dist/process_group.h>
+#include <torch/torch.h>
+
+#include <memory>
+
+namespace ampp::dist {
+
+class SharedMemoryAllreduce {
+ public:
+  // Collective over `group`: rank 0 creates a segment for tensors of up to `capacity_bytes`, every rank
+  // maps it (and it is unlinked at once: nothing is left in /dev/shm, even after a crash). Throws on
+  // every rank when any rank cannot map it (ranks on several machines: use Gloo, allreduce_hook).
+  SharedMemoryAllreduce(ProcessGroup group, int64_t capacity_bytes);
+  ~SharedMemoryAllreduce();
+  SharedMemoryAllreduce(const SharedMemoryAllreduce&) = delete;
+  SharedMemoryAllreduce& operator=(const SharedMemoryAllreduce&) = delete;
+
+  // The sum over the ranks of `tensor` (contiguous, CPU), in place. 16-bit floats are summed in fp32
+  // and rounded once. Every rank must call it, in the same order, with tensors of the same size and
+  // dtype; a rank that does not arrive within the group's timeout is an error, not a hang.
+  void sum_(torch::Tensor& tensor);
+  int64_t capacity_bytes() const;
+
+ private:
+  struct Segment;
+  std::unique_ptr<Segment> segment_;
+};
+
+// DDP's default reduction (divide by the world size, sum) through a SharedMemoryAllreduce sized on
+// first use and regrown, on every rank alike, for a larger bucket. Completes before it returns (no
+// overlap with backward: with one core per worker a communication thread would only compete with it).
+CommHook shared_memory_allreduce_hook(ProcessGroup group);
+
+}  // namespace ampp::dist
