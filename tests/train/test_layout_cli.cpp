@@ -1,7 +1,12 @@
-// `ampp train --nproc auto` (the default): the layout of workers x threads is measured on this
-// machine for this job, once, said on the terminal and cached; a resumed run keeps its checkpoint's.
+// How `ampp train` lays out and measures its workers: `--nproc auto` (the default) measures the layout of
+// workers x threads on this machine for this job, once, says it and caches it, and a resumed run keeps its
+// checkpoint's; every rank's step time split into disjoint phases (summary.json always, the terminal with
+// --profile: they add up to no more than the training time, and one process never waits for an
+// allreduce); workers on one machine reduce through shared memory (default) or Gloo (`--gloo-allreduce`),
+// and two workers' sums are the same bits either way (a+b is commutative), so the same model.pt.
 #include <gtest/gtest.h>
 
+#include <ampp/train/metrics.h>
 #include <ampp/util/threads.h>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +19,7 @@
 namespace {
 
 namespace fs = ampp_test::fs;
+using ampp::train::StepPhase;
 
 // A small job without --quiet (the choice is said on the terminal) and with its own cache folder.
 ampp_test::Result train_auto(const fs::path& dir, const fs::path& cache, const std::string& extra) {
@@ -61,6 +67,57 @@ TEST(LayoutCli, AResumedRunKeepsTheWorkerCountOfItsCheckpoint) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("2 workers x 1 thread: as the checkpoint being resumed"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(cache / "ampp" / "layouts.json")) << "nothing to measure when resuming";
+}
+
+ampp::train::Summary summary_of(const fs::path& out) {
+  std::ifstream in(out / "summary.json");
+  return ampp::train::summary_from_json(nlohmann::json::parse(in));
+}
+
+void expect_phases_cover_the_steps(const ampp::train::Summary& s, int64_t steps) {
+  ASSERT_EQ(s.step_phases.size(), static_cast<size_t>(s.world_size));
+  for (const auto& p : s.step_phases) {
+    EXPECT_EQ(p.steps, steps);
+    for (double seconds : p.seconds) EXPECT_GE(seconds, 0.0);
+    for (StepPhase work : {StepPhase::kData, StepPhase::kForward, StepPhase::kBackward, StepPhase::kOptimizer})
+      EXPECT_GT(p[work], 0.0) << ampp::train::step_phase_name(work);
+    // Evaluation and start-up are not step time; the steps are most of a short run all the same.
+    EXPECT_LE(p.total_seconds(), s.seconds);
+    EXPECT_GT(p.total_seconds(), 0.2 * s.seconds);
+  }
+}
+
+TEST(ProfileCli, OneWorkerHasNoAllreduceWaitAndPrintsItsPhases) {
+  ampp_test::TempDir tmp;
+  const auto r = ampp_test::run_ampp(ampp_test::small_run(tmp.path(), "--nproc 1 --steps 12 --profile"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("where the step time went"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("allreduce_wait"), std::string::npos) << r.output;
+  const auto s = summary_of(tmp.path() / "out");
+  expect_phases_cover_the_steps(s, 12);
+  EXPECT_EQ(s.step_phases[0][StepPhase::kAllreduceWait], 0.0);
+}
+
+TEST(ProfileCli, TwoWorkersReportEachRanksPhasesWithoutBeingAsked) {
+  ampp_test::TempDir tmp;
+  const auto r = ampp_test::run_ampp(ampp_test::small_run(tmp.path(), "--nproc 2 --steps 12"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("where the step time went"), std::string::npos) << r.output;
+  const auto s = summary_of(tmp.path() / "out");
+  expect_phases_cover_the_steps(s, 12);
+  // Both ranks' rows arrived (not rank 0's twice): their totals are measured separately.
+  EXPECT_NE(s.step_phases[0].total_seconds(), s.step_phases[1].total_seconds());
+}
+
+TEST(AllreduceCli, SharedMemoryAndGlooTrainTheSameModel) {
+  ampp_test::TempDir tmp;
+  for (const std::string dir : {"shm", "gloo"}) {
+    const std::string extra = dir == "gloo" ? "--gloo-allreduce " : "";
+    const auto r = ampp_test::run_ampp(
+        ampp_test::small_run(tmp.path() / dir, "--nproc 2 --steps 10 --opt-level O1 --dtype bf16 " + extra));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  ampp_test::expect_same_model(tmp.path() / "shm" / "out" / "model.pt", tmp.path() / "gloo" / "out" / "model.pt");
 }
 
 }  // namespace

@@ -110,6 +110,7 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
          "worker processes (DDP + DistributedSampler through the launcher); auto: the fastest layout of workers x "
          "threads for this job on this machine, measured once and cached")
       ->check(ampp::cli::parsed_by(parse_nproc, "N|auto"))
+      ->type_name("N|auto")
       ->default_str(a.nproc == kAutoNproc ? "auto" : std::to_string(a.nproc));
   ampp::cli::add_number(sub, "--stall-timeout", a.stall_timeout_s,
                         "seconds a worker may make no progress before it is named and the run stopped (0: off)");
