@@ -57,6 +57,10 @@ TEST(LayoutCli, AutoMeasuresEveryLayoutOnceSaysWhichWonAndReusesTheMeasurement) 
   r = train_auto(tmp.path() / "third", cache, "--steps 3 --model mlp");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("measured now"), std::string::npos) << r.output;
+  r = train_auto(tmp.path() / "quiet", cache, "--steps 3 --model mlp --opt-level O0 --quiet");  // a new job
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("ampp train:"), std::string::npos) << "--quiet measures without a word\n" << r.output;
+  EXPECT_EQ(read_json(file).size(), 2u) << "the cache gained the new job";
 }
 
 TEST(LayoutCli, AResumedRunKeepsTheWorkerCountOfItsCheckpoint) {

@@ -207,8 +207,10 @@ LayoutChoice choose_layout(const train::TrainOptions& o, const std::string& self
   const std::string key = job_key(o);
   nlohmann::json cache = read_cache(cache_file);
   if (cache.contains(key)) return fastest(cache[key], o, "measured earlier, " + cache_file);
-  std::printf("ampp train: measuring which layout of workers x threads runs this job fastest here (once)...\n");
-  std::fflush(stdout);
+  if (o.progress()) {  // TrainOptions::progress: --quiet keeps the terminal quiet
+    std::printf("ampp train: measuring which layout of workers x threads runs this job fastest here (once)...\n");
+    std::fflush(stdout);
+  }
   nlohmann::json rates;
   try {
     rates = measure(o, self_exe);

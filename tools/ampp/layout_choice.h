@@ -18,7 +18,8 @@ struct LayoutChoice {
 // When resuming a checkpoint: the worker count it was written with (a run keeps its layout). Otherwise
 // the candidate (1 .. cores workers, dividing the cores) with the most images/s in a short run of this
 // job started from `self_exe`, looked up in or added to `cache_file`. A failed measurement falls back to
-// one process and says so (the run itself then reports what is wrong).
+// one process and says so (the run itself then reports what is wrong). Prints that it measures unless
+// TrainOptions::progress is off (--quiet).
 LayoutChoice choose_layout(const train::TrainOptions& o, const std::string& self_exe, const std::string& cache_file);
 
 // $XDG_CACHE_HOME/ampp/layouts.json, else $HOME/.cache/ampp/layouts.json.
