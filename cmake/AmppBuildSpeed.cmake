@@ -20,3 +20,11 @@ if(AMPP_SANITIZE)
   add_compile_options(-O1 -g1)
   add_link_options(-fsanitize=${AMPP_SANITIZE})
 endif()
+
+# Debug information of optimised builds: line tables (-g1) give backtraces, perf and sanitizer
+# reports their file:line and shrink the shared PCH (855 -> 703 MB, 47 -> 33 s to build) and every
+# translation unit; full -g (local variables) is one flag away or a Debug build.
+set(AMPP_OPTIMIZED_DEBUG_INFO -g1 CACHE STRING "Debug-info flag of RelWithDebInfo builds (-g1 or -g)")
+if(CMAKE_BUILD_TYPE STREQUAL "RelWithDebInfo")
+  add_compile_options(${AMPP_OPTIMIZED_DEBUG_INFO})  # after the build type's -g, so it wins
+endif()

@@ -36,6 +36,12 @@ function(ampp_add_test_suite name)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
   ampp_use_pch(${name})
+  # Test code drives the library (built at the build type's level) and need not be optimised itself:
+  # -O1 with line tables compiles a suite file in 60% of the time (join_test.cpp: 23.4 s at -O2 -g,
+  # 13.9 s at -O1 -g1) and keeps file:line in failures. Unity batches share one load of the PCH
+  # (~5.5 s per translation unit, whatever its size).
+  target_compile_options(${name} PRIVATE -O1 -g1)
+  set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 4)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS "${ARG_LABELS}" ${ARG_PROPERTIES})
 endfunction()

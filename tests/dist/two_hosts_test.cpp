@@ -63,7 +63,7 @@ void enter_netns(const std::string& name) {
   close(fd);
 }
 
-torch::nn::Sequential make_model(int seed) {
+torch::nn::Sequential make_two_host_model(int seed) {
   torch::manual_seed(seed);
   return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 2));
 }
@@ -72,7 +72,7 @@ struct Batch {
   torch::Tensor x, y;
 };
 
-Batch rank_batch(int step, int rank) {
+Batch two_host_batch(int step, int rank) {
   auto gen = at::detail::createCPUGenerator(100 * step + rank);
   auto x = torch::randn({4, 8}, gen, torch::kFloat);
   return {x, torch::randn({4, 2}, gen, torch::kFloat)};
@@ -91,10 +91,10 @@ torch::Tensor train(torch::nn::Sequential model, DistributedDataParallel<torch::
   for (int step = 0; step < 3; ++step) {
     opt.zero_grad();
     if (ddp) {
-      const Batch b = rank_batch(step, rank);
+      const Batch b = two_host_batch(step, rank);
       torch::mse_loss((*ddp)->forward(b.x), b.y).backward();
     } else {
-      const Batch b0 = rank_batch(step, 0), b1 = rank_batch(step, 1);
+      const Batch b0 = two_host_batch(step, 0), b1 = two_host_batch(step, 1);
       torch::mse_loss(model->forward(torch::cat({b0.x, b1.x})), torch::cat({b0.y, b1.y})).backward();
     }
     opt.step();
@@ -119,7 +119,7 @@ TEST(TwoHosts, DdpOverVethBetweenNetworkNamespaces) {
                                      .rank(rank)
                                      .world_size(2)
                                      .timeout(std::chrono::seconds(20)));
-    auto model = make_model(rank + 1);  // different starts: DDP's broadcast makes them rank 0's
+    auto model = make_two_host_model(rank + 1);  // different starts: DDP's broadcast makes them rank 0's
     DistributedDataParallel ddp(model, pg);
     const torch::Tensor params = train(model, &ddp, rank);
     std::vector<torch::Tensor> in{params};
@@ -127,7 +127,7 @@ TEST(TwoHosts, DdpOverVethBetweenNetworkNamespaces) {
     pg.c10d()->allgather(out, in)->wait();
     EXPECT_TRUE(torch::equal(out[0][0], out[0][1])) << "parameters differ between the two hosts";
     // The same training in one process on the union of both batches (rank 0's initial weights).
-    const torch::Tensor reference = train(make_model(1), nullptr, 0);
+    const torch::Tensor reference = train(make_two_host_model(1), nullptr, 0);
     const double err = (params - reference).abs().max().item<double>() / reference.abs().max().item<double>();
     EXPECT_LE(err, 1e-5) << "two-host DDP differs from one-process training on the union batch";
   }));

@@ -168,7 +168,7 @@ torch::Tensor make_input(const Input& in, at::Generator& gen) {
   TORCH_CHECK(false, "unknown input kind");
 }
 
-struct Case {
+struct AutocastCase {
   const Op* op;
   // "float32", the region's dtype, "mixed" (first input in the region's dtype), or one dtype per input
   // ("float16,bfloat16")
@@ -187,22 +187,22 @@ std::vector<std::string> dtypes_for(const Op& op, std::vector<std::string> dtype
   return dtypes;
 }
 
-std::vector<Case> make_cases(const std::vector<Op>& all, c10::ScalarType region, bool lower_inputs) {
+std::vector<AutocastCase> make_cases(const std::vector<Op>& all, c10::ScalarType region, bool lower_inputs) {
   auto gen = at::detail::createCPUGenerator(2024);
-  std::vector<Case> cases;
+  std::vector<AutocastCase> cases;
   std::vector<std::string> input_dtypes{"float32"};
   if (lower_inputs) input_dtypes.insert(input_dtypes.end(), {dtype_name(region), "mixed"});
   for (const auto& op : all)
     for (const auto& in_dtype : dtypes_for(op, input_dtypes, region, lower_inputs)) {
       if (in_dtype == "mixed" && op.inputs.size() < 2) continue;
-      Case c{&op, in_dtype, {}};
+      AutocastCase c{&op, in_dtype, {}};
       for (const auto& in : op.inputs) c.inputs.push_back(make_input(in, gen));
       cases.push_back(std::move(c));
     }
   return cases;
 }
 
-json cases_to_json(const std::vector<Case>& cases, c10::ScalarType region) {
+json cases_to_json(const std::vector<AutocastCase>& cases, c10::ScalarType region) {
   json j = {{"region", dtype_name(region)}, {"cases", json::array()}};
   for (const auto& c : cases) {
     json inputs = json::array();
@@ -218,7 +218,7 @@ struct Outcome {
   std::string error;
 };
 
-Outcome run_ampp(const Case& c, c10::ScalarType region, ampp::Bf16Compute compute) {
+Outcome run_ampp(const AutocastCase& c, c10::ScalarType region, ampp::Bf16Compute compute) {
   Tensors inputs;
   std::vector<std::string> per_input;  // "float16,bfloat16": one dtype per input
   if (c.input_dtype.find(',') != std::string::npos) {
@@ -256,7 +256,7 @@ std::string effective_fp16_dtype(const torch::Tensor& out, const std::string& to
 }
 
 // Compares one case; returns "" when ampp and torch agree, else a description of the difference.
-std::string difference(const Case& c, c10::ScalarType region, ampp::Bf16Compute compute, const json& oracle) {
+std::string difference(const AutocastCase& c, c10::ScalarType region, ampp::Bf16Compute compute, const json& oracle) {
   const Outcome mine = run_ampp(c, region, compute);
   const bool torch_ok = oracle.at("ok").get<bool>();
   if (!mine.ok || !torch_ok) {

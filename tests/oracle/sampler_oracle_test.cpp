@@ -12,7 +12,7 @@ namespace {
 
 using ampp_oracle::json;
 
-struct Case {
+struct SamplerCase {
   size_t n;
   int64_t world, rank;
   uint64_t seed;
@@ -20,7 +20,7 @@ struct Case {
   bool shuffle, drop_last;
 };
 
-std::string describe(const Case& c) {
+std::string describe(const SamplerCase& c) {
   std::ostringstream os;
   os << "N=" << c.n << " world=" << c.world << " rank=" << c.rank << " seed=" << c.seed << " epoch=" << c.epoch
      << " shuffle=" << c.shuffle << " drop_last=" << c.drop_last;
@@ -28,8 +28,8 @@ std::string describe(const Case& c) {
 }
 
 // The grid, plus rank == world for each world (PyTorch raises ValueError: ampp must reject it too).
-std::vector<Case> grid() {
-  std::vector<Case> cases;
+std::vector<SamplerCase> grid() {
+  std::vector<SamplerCase> cases;
   for (size_t n : {0, 1, 7, 10, 33, 100})
     for (int64_t world : {1, 2, 3, 4})
       for (int64_t rank = 0; rank <= world; ++rank)
@@ -40,12 +40,12 @@ std::vector<Case> grid() {
   return cases;
 }
 
-json to_json(const Case& c) {
+json to_json(const SamplerCase& c) {
   return {{"n", c.n},         {"world", c.world},     {"rank", c.rank},          {"seed", c.seed},
           {"epoch", c.epoch}, {"shuffle", c.shuffle}, {"drop_last", c.drop_last}};
 }
 
-ampp::dist::DistributedSampler make(const Case& c) {
+ampp::dist::DistributedSampler make(const SamplerCase& c) {
   ampp::dist::DistributedSampler s(c.n, ampp::dist::DistributedSamplerOptions()
                                             .num_replicas(c.world)
                                             .rank(c.rank)

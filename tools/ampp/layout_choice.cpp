@@ -3,6 +3,7 @@
 #include <ampp/amp/opt_level.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/train/checkpoint.h>
+#include <ampp/train/dataset.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/threads.h>
 #include <ampp/util/torch_version.h>
@@ -42,8 +43,8 @@ std::string job_key(const train::TrainOptions& o) {
   return fmt::format(
       "cpu={} cores={} torch={} model={} data={} num_classes={} opt_level={} dtype={} loss_scale={} batch_size={} "
       "threads={} sync_bn={} zero={} deterministic={} shared_memory_allreduce={}",
-      cpu_model(), usable_cores(), TORCH_VERSION, o.model(), o.data().empty() ? "fashion-mnist" : o.data(),
-      o.num_classes(), to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
+      cpu_model(), usable_cores(), TORCH_VERSION, o.model(), train::dataset_name(o.data()), o.num_classes(),
+      to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
       o.loss_scale() ? o.loss_scale()->to_string() : "default", o.batch_size(), o.threads(), o.sync_batch_norm(),
       o.zero(), o.deterministic(), o.shared_memory_allreduce());
 }

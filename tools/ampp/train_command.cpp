@@ -144,7 +144,7 @@ int launch_workers(const TrainArgs& a) {
   TORCH_CHECK(o.batch_size() >= a.nproc, "--batch-size ", o.batch_size(), " is smaller than --nproc ", a.nproc,
               "; each worker needs at least one image per batch");
   // A missing dataset fails here, once, rather than in every worker.
-  if (o.data().empty() || o.data() == "fashion-mnist")
+  if (ampp::train::dataset_name(o.data()) == "fashion-mnist")
     TORCH_CHECK(std::filesystem::is_directory(ampp::train::kFashionMnistDir), "Fashion-MNIST not found in ",
                 ampp::train::kFashionMnistDir, ": install it with `sudo apt install dataset-fashion-mnist`, or pass ",
                 "--data DIR (an MNIST-format folder) or --data synthetic");

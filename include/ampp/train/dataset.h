@@ -61,6 +61,9 @@ struct SyntheticOptions {
 // the same options give bit-identical tensors on every process.
 DatasetPair make_synthetic(const SyntheticOptions& options = {});
 
+// The name runs record for a `--data` spec (fingerprints, layout cache keys): "" is "fashion-mnist".
+inline std::string dataset_name(const std::string& spec) { return spec.empty() ? "fashion-mnist" : spec; }
+
 // `spec` as given to `ampp train --data`: "" or "fashion-mnist" -> the Debian package's
 // folder (an error naming `apt install dataset-fashion-mnist` if absent), "synthetic" or
 // "synthetic:N" (N training images) -> make_synthetic, anything else -> an MNIST-format folder.

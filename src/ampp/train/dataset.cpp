@@ -212,7 +212,7 @@ DatasetPair make_synthetic(const SyntheticOptions& o) {
 }
 
 DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed, int64_t num_classes) {
-  if (spec.empty() || spec == "fashion-mnist") {
+  if (dataset_name(spec) == "fashion-mnist") {
     TORCH_CHECK(fs::is_directory(kFashionMnistDir), "Fashion-MNIST not found in ", kFashionMnistDir,
                 ": install it with `sudo apt install dataset-fashion-mnist`, or set TrainOptions::data to an "
                 "MNIST-format folder or to synthetic");

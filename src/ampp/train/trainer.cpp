@@ -246,8 +246,8 @@ struct Run {
 // be silently replaced by the checkpoint's); checkpoints written before it was added omit it.
 std::string fingerprint(const TrainOptions& o, int world, bool with_loss_scale = true) {
   std::string f = fmt::format("model={} data={} opt_level={} dtype={} batch_size={} world_size={} seed={}", o.model(),
-                              o.data().empty() ? "fashion-mnist" : o.data(), to_string(o.opt_level()),
-                              c10::toString(o.dtype()), o.batch_size(), world, o.seed());
+                              dataset_name(o.data()), to_string(o.opt_level()), c10::toString(o.dtype()),
+                              o.batch_size(), world, o.seed());
   if (with_loss_scale) f += " loss_scale=" + amp_properties(o).loss_scale().to_string();
   if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
   return f;
