@@ -130,7 +130,7 @@ int run_bench(const BenchOptions& options) {
   return 0;
 }
 
-[[maybe_unused]] const bool registered = ampp::cli::register_command(
+[[maybe_unused]] const bool registered_bench = ampp::cli::register_command(
     {"bench", "Quick same-run benchmark: opt levels vs FP32, fused unscale vs memory bandwidth",
      [](CLI::App& sub) -> std::function<int()> {
        auto options = std::make_shared<BenchOptions>();

@@ -37,7 +37,7 @@ struct RunArgs {
 };
 
 // LaunchOptions fields whose torchrun flag has another name.
-const std::map<std::string, std::string> kRenamedFields = {{"run_id", "--rdzv-id"}};
+const std::map<std::string, std::string> kRunRenamedFields = {{"run_id", "--rdzv-id"}};
 
 int parse_int(const std::string& flag, const std::string& text) {
   const auto value = ampp::parse_int(text);
@@ -107,7 +107,7 @@ int run(const RunArgs& a, std::vector<std::string> program) {
   return ampp::dist::launch(options, std::move(program));
 }
 
-const bool registered = ampp::cli::register_command(
+const bool registered_run = ampp::cli::register_command(
     {"run", "Launch a program as N distributed workers (torchrun-compatible flags)",
      [](CLI::App& sub) -> std::function<int()> {
        auto args = std::make_shared<RunArgs>();
@@ -150,12 +150,12 @@ const bool registered = ampp::cli::register_command(
            return run(*args, std::move(argv));
          } catch (const c10::Error& e) {
            // Without LibTorch's C++ backtrace: these are user errors.
-           std::cerr << "ampp run: error: " << ampp::cli::flag_names(e.what_without_backtrace(), kRenamedFields)
+           std::cerr << "ampp run: error: " << ampp::cli::flag_names(e.what_without_backtrace(), kRunRenamedFields)
                      << "\n";
            return 2;
          }
        };
      },
-     kRenamedFields});
+     kRunRenamedFields});
 
 }  // namespace

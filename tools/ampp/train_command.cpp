@@ -192,11 +192,11 @@ std::function<int()> add_train_flags(CLI::App& sub, std::shared_ptr<TrainArgs> a
   return [a] { return run(*a); };
 }
 
-const std::map<std::string, std::string> kRenamedFields = {{"progress", "--quiet"}, {"plots", "--no-plots"}};
+const std::map<std::string, std::string> kTrainRenamedFields = {{"progress", "--quiet"}, {"plots", "--no-plots"}};
 
-const bool registered = ampp::cli::register_command(
+const bool registered_train = ampp::cli::register_command(
     {"train", "Train a model (Fashion-MNIST by default) with mixed precision and data-parallel workers",
-     [](CLI::App& sub) { return add_train_flags(sub, std::make_shared<TrainArgs>()); }, kRenamedFields});
+     [](CLI::App& sub) { return add_train_flags(sub, std::make_shared<TrainArgs>()); }, kTrainRenamedFields});
 
 // `ampp doctor`: a short `ampp train` run with the numerics doctor on, which diagnoses instead of
 // stopping at a divergence. The defaults are set before the flags, so --help shows them.
@@ -210,6 +210,6 @@ const bool registered_doctor = ampp::cli::register_command(
        a->nproc = 2;  // a diagnosis, not a speed question: two workers, as the doctor always used
        return add_train_flags(sub, a);
      },
-     kRenamedFields});
+     kTrainRenamedFields});
 
 }  // namespace

@@ -34,15 +34,6 @@ using Clock = std::chrono::steady_clock;
 using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
 constexpr int64_t kBroadcastChunkBytes = 250LL << 20;  // PyTorch's broadcast_bucket_size
 
-struct Bucket {
-  std::vector<size_t> vars;
-  std::vector<size_t> offsets, lengths;
-  torch::Tensor contents;
-  std::vector<torch::Tensor> views;
-  size_t pending = 0;
-  FuturePtr future;
-};
-
 // One round of join mode: who is active, who will reduce gradients, whose buffers count.
 struct JoinRound {
   int active = 0;
@@ -103,6 +94,17 @@ void verify_same_model(const ProcessGroup& group, const std::vector<torch::Tenso
 }  // namespace
 
 struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
+  // Nested, not in the anonymous namespace: a member's type must have linkage (-Wsubobject-linkage
+  // when this file is compiled in a unity batch).
+  struct Bucket {
+    std::vector<size_t> vars;
+    std::vector<size_t> offsets, lengths;
+    torch::Tensor contents;
+    std::vector<torch::Tensor> views;
+    size_t pending = 0;
+    FuturePtr future;
+  };
+
   ProcessGroup group;
   DistributedDataParallelOptions options;
   std::shared_ptr<torch::nn::Module> module;
