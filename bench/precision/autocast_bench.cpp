@@ -11,13 +11,12 @@
 //
 // Threads: AMPP_BENCH_THREADS (default 1) for ATen and OpenBLAS.
 
-#include "tracking_allocator.h"
-
 #include <ampp/precision/autocast.h>
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/kernels.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/models.h>
+#include <ampp/util/tensor_memory.h>
 #include <ampp/util/threads.h>
 
 #include <ampp/precision/torch_compat.h>
@@ -104,7 +103,7 @@ std::map<std::string, std::map<std::string, Result>>& results() {
 
 // The reference models are ampp::train's "mlp" (784-256-128-10) and "cnn" (conv16-BN-conv32-BN-fc128-fc10).
 void BM_Step(benchmark::State& state, const char* model, Mode mode) {
-  auto& tracker = ampp_bench::TrackingAllocator::install();
+  auto& tracker = ampp::TensorMemoryTracker::install();
   if (mode == Mode::libtorch_bf16)
     ampp::precision::uninstall_autocast_kernels();
   else

@@ -102,12 +102,47 @@ TEST(ProfileCli, OneWorkerHasNoAllreduceWaitAndPrintsItsPhases) {
   EXPECT_EQ(s.step_phases[0][StepPhase::kAllreduceWait], 0.0);
 }
 
+// The memory report counts the MLP's bytes exactly: 784-256-128-10 has 235,146 parameters, FP32 at O0; at
+// O2 bf16 copies in the model and FP32 masters the optimizer steps, with its momentum on the masters; O2's
+// gradients between steps are the FP32 buffers the masters' gradients are converted into (the .grads are
+// dropped after the step, as apex does).
+TEST(ProfileCli, MemoryReportCountsWeightsMastersAndStateExactly) {
+  constexpr int64_t kParams = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10;
+  struct Case {
+    std::string flags;
+    int64_t weights, masters, gradients;
+  };
+  for (const Case& c : {Case{"--opt-level O0", 4 * kParams, 0, 4 * kParams},
+                        Case{"--opt-level O2 --dtype bf16", 2 * kParams, 4 * kParams, 4 * kParams}}) {
+    ampp_test::TempDir tmp;
+    const auto r = ampp_test::run_ampp(
+        "train --model mlp --data synthetic:384 --batch-size 32 --nproc 1 --threads 1 "
+        "--steps 4 --quiet --no-plots --profile --out " +
+        (tmp.path() / "out").string() + " --checkpoint-dir " + (tmp.path() / "ckpt").string() + " " + c.flags);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("FP32 masters"), std::string::npos) << r.output;
+    const auto s = summary_of(tmp.path() / "out");
+    ASSERT_TRUE(s.memory.has_value()) << c.flags;
+    const auto& m = *s.memory;
+    EXPECT_EQ(m.weights, c.weights) << c.flags;
+    EXPECT_EQ(m.masters, c.masters) << c.flags;
+    EXPECT_EQ(m.optimizer_state, 4 * kParams) << c.flags;  // SGD momentum, FP32, on what the optimizer steps
+    EXPECT_EQ(m.gradients, c.gradients) << c.flags;
+    EXPECT_GE(m.data, 384 * (784 * 4 + 8)) << c.flags;  // the training split: float32 pixels, int64 labels
+    const int64_t named = m.weights + m.masters + m.gradients + m.optimizer_state + m.data;
+    EXPECT_GE(m.tensors_at_rest, named) << c.flags;  // every named tensor was counted by the tracker
+    EXPECT_GT(m.activations_and_temporaries(), 0) << c.flags;
+    EXPECT_GT(m.outside_tensors(), 0) << c.flags;
+  }
+}
+
 TEST(ProfileCli, TwoWorkersReportEachRanksPhasesWithoutBeingAsked) {
   ampp_test::TempDir tmp;
   const auto r = ampp_test::run_ampp(ampp_test::small_run(tmp.path(), "--nproc 2 --steps 12"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("where the step time went"), std::string::npos) << r.output;
   const auto s = summary_of(tmp.path() / "out");
+  EXPECT_FALSE(s.memory.has_value());  // counting every tensor is for --profile only
   expect_phases_cover_the_steps(s, 12);
   // Both ranks' rows arrived (not rank 0's twice): their totals are measured separately.
   EXPECT_NE(s.step_phases[0].total_seconds(), s.step_phases[1].total_seconds());

@@ -135,7 +135,8 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
   sub.add_flag_callback("--quiet", [&o] { o.progress(false); }, "no progress output");
   sub.add_flag("--profile", o.profile(),
                "print where each worker's step time went: data, forward, backward, allreduce wait, optimizer, "
-               "bookkeeping (summary.json has it always)");
+               "bookkeeping (summary.json has it always), and rank 0's memory by kind: weights, masters, gradients, "
+               "optimizer state, data, activations (counts every tensor; summary.json memory_bytes)");
 }
 
 // Launcher mode: this process starts `nproc` workers running the user's own command line.

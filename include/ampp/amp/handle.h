@@ -128,6 +128,10 @@ class Amp {
   /// Clip these (their grads are unscaled after backward()), not the model's parameters.
   std::vector<torch::Tensor> master_params() const;
   std::vector<torch::Tensor> master_params(const torch::optim::Optimizer& optimizer) const;
+  /// The FP32 buffers low-precision model gradients are converted into for the masters, kept between
+  /// steps (so each step does not allocate them again) while the masters' .grad is dropped; empty
+  /// before the first O2 backward and at O0, O1 and O3. For memory accounting.
+  std::vector<torch::Tensor> master_gradient_buffers() const;
 
   /// Copies every FP32 master from its model parameter, e.g. after loading model weights from a
   /// checkpoint saved without the amp state (masters then start from the low-precision values).

@@ -1,6 +1,7 @@
 #pragma once
 // What `ampp train` reports: metrics.jsonl (one JSON object per logged step and per epoch),
 // a per-epoch progress bar on rank 0, the final summary table and gnuplot PNGs.
+#include <ampp/train/memory_report.h>
 #include <ampp/train/step_phases.h>
 #include <nlohmann/json.hpp>
 
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +94,7 @@ struct Summary {
   double test_accuracy = 0, test_loss = 0, train_loss = 0;
   double seconds = 0, images_per_sec = 0, final_scale = 1, peak_rss_mb = 0;
   std::vector<StepPhases> step_phases;  // per rank, the steps this process ran (empty: none ran)
+  std::optional<MemoryReport> memory;   // rank 0's tensors by kind (TrainOptions::profile only)
 };
 
 // The summary as an aligned text table.

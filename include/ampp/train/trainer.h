@@ -95,7 +95,9 @@ struct TrainOptions {
   // Progress output on rank 0 (false for quiet tests).
   TORCH_ARG(bool, progress) = true;
   // Print where each rank's step time went (data, forward, backward, allreduce wait, optimizer, ...) at
-  // the end; summary.json holds it either way (include/ampp/train/step_phases.h).
+  // the end; summary.json holds it either way (include/ampp/train/step_phases.h). Also counts every
+  // tensor (a wrapper around LibTorch's CPU allocator, from the start of train()) and reports rank 0's
+  // memory by kind: weights, masters, gradients, optimizer state, data, activations (memory_report.h).
   TORCH_ARG(bool, profile) = false;
 };
 

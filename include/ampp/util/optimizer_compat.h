@@ -1,11 +1,13 @@
 #pragma once
 // Optimizer state keys and in-place zero_grad with one spelling for every supported LibTorch
-// (1.13 and 2.x differ in both); used by the opt-levels layer and by tests and user code alike.
+// (1.13 and 2.x differ in both), and the tensors of a parameter's state; used by the opt-levels
+// layer, the training report and by tests and user code alike.
 #include <ampp/util/torch_version.h>
 
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -39,5 +41,11 @@ inline void zero_grad_in_place(torch::optim::Optimizer& optimizer) {
   optimizer.zero_grad();
 #endif
 }
+
+// Calls `visit` with each tensor of one parameter's state (SGD's momentum, Adam's and AdamW's moments,
+// RMSprop's averages, Adagrad's sum; undefined ones too), which it may replace. LibTorch keeps the
+// state in typed structs without a generic tensor list, so each optimizer is known by name: returns
+// false, visiting nothing, for a state type it does not know.
+bool for_each_state_tensor(torch::optim::OptimizerParamState& state, const std::function<void(torch::Tensor&)>& visit);
 
 }  // namespace ampp

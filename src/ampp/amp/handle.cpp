@@ -124,6 +124,15 @@ std::vector<torch::Tensor> Amp::master_params() const {
   return out;
 }
 
+std::vector<torch::Tensor> Amp::master_gradient_buffers() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& rec : state_->optimizers) {
+    for (const auto& slot : rec.slots)
+      if (slot.master_grad_buffer.defined()) out.push_back(slot.master_grad_buffer);
+  }
+  return out;
+}
+
 std::vector<torch::Tensor> Amp::master_params(const torch::optim::Optimizer& optimizer) const {
   for (const auto& rec : state_->optimizers) {
     if (rec.optimizer != &optimizer) continue;

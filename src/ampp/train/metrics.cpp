@@ -65,6 +65,7 @@ nlohmann::json to_json(const Summary& s) {
                       {"final_loss_scale", s.final_scale},
                       {"peak_rss_mb", s.peak_rss_mb},
                       {"compute", s.compute}};
+  if (s.memory) j["memory_bytes"] = to_json(*s.memory);
   if (s.step_phases.empty()) return j;
   auto& ranks = j["step_phases_ms"] = nlohmann::json::array();
   for (const auto& p : s.step_phases) ranks.push_back(to_json(p));
@@ -91,6 +92,7 @@ Summary summary_from_json(const nlohmann::json& j) {
   s.peak_rss_mb = j.at("peak_rss_mb").get<double>();
   for (const auto& p : j.value("step_phases_ms", nlohmann::json::array()))
     s.step_phases.push_back(step_phases_from_json(p));
+  if (j.contains("memory_bytes")) s.memory = memory_report_from_json(j.at("memory_bytes"));
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/doctor.h>
+#include <ampp/train/memory_report.h>
 #include <ampp/train/models.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 #include <ampp/train/step_phases.h>
@@ -823,6 +824,7 @@ void write_outputs(Run& run, const Summary& summary) {
   if (run.o.profile() && !summary.step_phases.empty())
     std::printf("\nwhere the step time went (TrainOptions::profile):\n%s",
                 step_phases_table(summary.step_phases).c_str());
+  if (run.o.profile() && summary.memory) std::printf("\n%s", memory_table(*summary.memory).c_str());
   if (run.o.plots()) {
     try {
       const auto pngs = write_plots(run.metrics->path(), run.o.out());
@@ -891,6 +893,8 @@ Summary finish_finished_run(Run& run) {
 
 Summary train(const TrainOptions& options) {
   validate(options);
+  // Before any tensor exists, so that every one is counted.
+  const TensorMemoryTracker* tracker = options.profile() ? &TensorMemoryTracker::install() : nullptr;
   retain_freed_memory();  // no page faults on the same activation buffers every step (allocator.h)
   Workers workers = set_up_workers(options);
   const auto lock = claim_outputs(options, workers);  // before the data is loaded: fail in seconds
@@ -913,6 +917,11 @@ Summary train(const TrainOptions& options) {
   }
   Summary summary = summarize(run);
   summary.step_phases = gather_step_phases(run);
+  if (tracker) {
+    auto* zero = run.zero();
+    summary.memory = measure_memory(*run.model, run.optimizer, zero ? zero->local_optimizer() : run.optimizer,
+                                    run.amp.master_gradient_buffers(), run.data, *tracker);
+  }
   write_outputs(run, summary);
   if (run.workers.pg) run.workers.pg.barrier();
   return summary;

@@ -1,18 +1,20 @@
 #pragma once
-// Counts the bytes of every CPU tensor storage (current and peak) by wrapping LibTorch's CPU
-// allocator. Memory that oneDNN/OpenBLAS allocate internally is not seen.
+// Counts the bytes of every CPU tensor storage, now and at the peak, by wrapping LibTorch's CPU
+// allocator (`ampp train --profile`'s memory report, the autocast benchmark). What is not a tensor
+// storage is not seen: oneDNN's and BLAS's own scratch, code, allocator slack.
 
 #include <c10/core/Allocator.h>
 
 #include <atomic>
 #include <cstdint>
 
-namespace ampp_bench {
+namespace ampp {
 
-class TrackingAllocator final : public c10::Allocator {
+class TensorMemoryTracker final : public c10::Allocator {
  public:
-  /// Installs itself as LibTorch's CPU allocator (call before creating tensors to be counted).
-  static TrackingAllocator& install();
+  /// Installs the tracker as LibTorch's CPU allocator, once per process (later calls return the same
+  /// tracker). Only tensors created afterwards are counted; it stays installed until the process ends.
+  static TensorMemoryTracker& install();
   // c10::Allocator's interface changed in 2.x: allocate() lost its const and copy_data() became a
   // pure virtual. Both forms are declared (no `override`), so whichever the LibTorch in use
   // declares virtual is the one overridden; the other is a plain member.
@@ -25,11 +27,11 @@ class TrackingAllocator final : public c10::Allocator {
   void reset_peak() { peak_.store(current_.load()); }
 
  private:
-  explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
-  static void release(void* context);
+  explicit TensorMemoryTracker(c10::Allocator* base) : base_(base) {}
+  static void release(void* data);
   c10::Allocator* base_;
   mutable std::atomic<int64_t> current_{0};
   mutable std::atomic<int64_t> peak_{0};
 };
 
-}  // namespace ampp_bench
+}  // namespace ampp
