@@ -96,32 +96,28 @@ MemoryReport measure_memory(const torch::nn::Module& model, torch::optim::Optimi
   return r;
 }
 
+// The JSON names of the report's fields, one list for writing and reading.
+constexpr std::pair<const char*, int64_t MemoryReport::*> kJsonFields[] = {
+    {"weights", &MemoryReport::weights},
+    {"masters", &MemoryReport::masters},
+    {"gradients", &MemoryReport::gradients},
+    {"optimizer_state", &MemoryReport::optimizer_state},
+    {"data", &MemoryReport::data},
+    {"other_tensors", &MemoryReport::other_tensors},
+    {"tensors_at_rest", &MemoryReport::tensors_at_rest},
+    {"tensor_peak", &MemoryReport::tensor_peak},
+    {"process_peak", &MemoryReport::process_peak},
+    {"file_backed", &MemoryReport::file_backed}};
+
 nlohmann::json to_json(const MemoryReport& r) {
-  return {{"weights", r.weights},
-          {"masters", r.masters},
-          {"gradients", r.gradients},
-          {"optimizer_state", r.optimizer_state},
-          {"data", r.data},
-          {"other_tensors", r.other_tensors},
-          {"tensors_at_rest", r.tensors_at_rest},
-          {"tensor_peak", r.tensor_peak},
-          {"process_peak", r.process_peak},
-          {"file_backed", r.file_backed}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, field] : kJsonFields) j[name] = r.*field;
+  return j;
 }
 
 MemoryReport memory_report_from_json(const nlohmann::json& j) {
   MemoryReport r;
-  std::pair<const char*, int64_t*> fields[] = {{"weights", &r.weights},
-                                               {"masters", &r.masters},
-                                               {"gradients", &r.gradients},
-                                               {"optimizer_state", &r.optimizer_state},
-                                               {"data", &r.data},
-                                               {"other_tensors", &r.other_tensors},
-                                               {"tensors_at_rest", &r.tensors_at_rest},
-                                               {"tensor_peak", &r.tensor_peak},
-                                               {"process_peak", &r.process_peak},
-                                               {"file_backed", &r.file_backed}};
-  for (auto& [name, field] : fields) *field = j.at(name).get<int64_t>();
+  for (const auto& [name, field] : kJsonFields) r.*field = j.at(name).get<int64_t>();
   return r;
 }
 
