@@ -36,7 +36,7 @@ def timed(cmd):
 
 def run_ampp(a, model, precision, out):
     cmd = [a.ampp, "train", "--model", model, "--nproc", str(a.nproc), "--epochs", str(a.epochs), "--seed", "0",
-           "--out", str(out), "--quiet", "--no-plots"] + AMPP_PRECISION[precision]
+           "--out", str(out), "--quiet", "--no-plots"] + AMPP_PRECISION[precision] + (["--nchw"] if a.nchw else [])
     wall, rss = timed(cmd)
     s = json.loads((out / "summary.json").read_text())
     return {"images_per_sec": s["images_per_sec"], "rss": rss, "wall": wall, "accuracy": s["test_accuracy"]}
@@ -44,7 +44,7 @@ def run_ampp(a, model, precision, out):
 
 def run_python(a, model, precision, out):
     cmd = [a.python, str(PEER), "--model", model, "--precision", precision, "--nproc", str(a.nproc),
-           "--epochs", str(a.epochs), "--out", str(out)]
+           "--epochs", str(a.epochs), "--out", str(out)] + (["--nchw"] if a.nchw else [])
     wall, rss = timed(cmd)
     s = json.loads(out.read_text())
     return {"images_per_sec": s["images_per_sec"], "rss": rss, "wall": wall, "accuracy": s["test_accuracy"]}
@@ -57,6 +57,8 @@ def median(runs, key):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ampp", required=True)
+    ap.add_argument("--nchw", action="store_true",
+                    help="both sides keep cnn/resnet activations in NCHW order (default: channels-last, ampp's default)")
     ap.add_argument("--python", default=str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"))
     ap.add_argument("--models", nargs="+", default=["cnn", "mlp"])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=sorted(AMPP_PRECISION))

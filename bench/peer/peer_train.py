@@ -61,15 +61,19 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """ampp's `resnet`: stem conv 16, one basic block per stage at 16/32/64 channels, average pool, fc."""
 
-    def __init__(self, classes=10):
+    def __init__(self, classes=10, channels_last=True):
         super().__init__()
+        self.channels_last = channels_last  # as ampp's ModelOptions::channels_last (Cnn's docstring)
         self.stem = nn.Conv2d(1, 16, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(16)
         self.layer1, self.layer2, self.layer3 = BasicBlock(16, 16, 1), BasicBlock(16, 32, 2), BasicBlock(32, 64, 2)
         self.fc = nn.Linear(64, classes)
 
     def forward(self, x):
-        x = self.layer3(self.layer2(self.layer1(torch.relu(self.bn(self.stem(x))))))
+        x = self.stem(x)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        x = self.layer3(self.layer2(self.layer1(torch.relu(self.bn(x)))))
         return self.fc(x.mean((2, 3)))
 
 
@@ -121,7 +125,8 @@ def worker(rank, args):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", world_size=args.nproc, rank=rank)
     torch.manual_seed(args.seed)
     train_x, train_y, test_x, test_y = fashion_mnist()
-    model = DistributedDataParallel(MODELS[args.model]())
+    layout = {"channels_last": False} if args.nchw and args.model != "mlp" else {}
+    model = DistributedDataParallel(MODELS[args.model](**layout))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     scaler = torch.amp.GradScaler("cpu", enabled=args.precision == "fp16")
@@ -153,6 +158,7 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=128, help="global, split across the workers")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nchw", action="store_true", help="activations in NCHW order (ampp train --nchw)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)

@@ -25,10 +25,10 @@ PRECISION = {"fp32": ["--opt-level", "O0"], "bf16": ["--opt-level", "O1", "--dty
              "fp16": ["--opt-level", "O1", "--dtype", "fp16"]}
 
 
-def train_cmd(a, out, nproc, threads, batch, precision):
+def train_cmd(a, out, nproc, threads, batch, precision, log_every=None):
     return [a.ampp, "train", "--nproc", str(nproc), "--threads", str(threads), "--batch-size", str(batch),
             "--steps", str(a.steps), "--epochs", "1", "--seed", "0", "--out", str(out), "--quiet", "--no-plots",
-            "--data", a.data, "--log-every", str(a.steps // 10)] + PRECISION[precision] + a.extra
+            "--data", a.data, "--log-every", str(log_every or a.steps // 10)] + PRECISION[precision] + a.extra
 
 
 def training_rate(out, batch):
@@ -38,6 +38,19 @@ def training_rate(out, batch):
     steps = [s for s in steps if s.get("type") == "step"]
     first, last = steps[0], steps[-1]
     return (last["step"] - first["step"]) * batch / (last["elapsed"] - first["elapsed"])
+
+
+def lockstep_rate(outs, batch):
+    """The independent runs' images/s had they met once per step, as DDP's workers do: step i of all of
+    them ends when the slowest ends (their logged step times, step by step, maxed). The independent runs'
+    own noise alone, without any communication, costs this much."""
+    times = []
+    for out in outs:
+        steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        elapsed = [s["elapsed"] for s in steps if s.get("type") == "step"]
+        times.append([b - e for e, b in zip(elapsed[9:], elapsed[10:])])  # from step 10: past the warm-up
+    n = min(len(t) for t in times)
+    return n * batch * len(outs) / sum(max(t[i] for t in times) for i in range(n))
 
 
 def run_together(cmds, outs, batch):
@@ -56,7 +69,8 @@ def measure(a, tmp, layout, precision, r):
         return run_together([train_cmd(a, out, nproc, threads, a.batch_size, precision)], [out], a.batch_size)
     outs = [out.with_name(f"{out.name}-{k}") for k in range(nproc)]  # the ceiling: independent processes
     batch = a.batch_size // nproc
-    return run_together([train_cmd(a, o, 1, threads, batch, precision) for o in outs], outs, batch)
+    rate = run_together([train_cmd(a, o, 1, threads, batch, precision, log_every=1) for o in outs], outs, batch)
+    return rate, lockstep_rate(outs, batch)
 
 
 def main():
@@ -80,18 +94,27 @@ def main():
             order = a.layouts if r % 2 == 0 else a.layouts[::-1]
             for precision in a.precisions:
                 for layout in order:
-                    results.setdefault((precision, layout), []).append(measure(a, tmp, layout, precision, r))
+                    rate = measure(a, tmp, layout, precision, r)
+                    if isinstance(rate, tuple):  # an independent layout: its rate and its lockstep rate
+                        rate, lockstep = rate
+                        results.setdefault((precision, layout + " lockstep"), []).append(lockstep)
+                    results.setdefault((precision, layout), []).append(rate)
             print(f"round {r}: " + ", ".join(f"{p} {l} {v[-1]:.0f}" for (p, l), v in results.items()), flush=True)
     print(f"\n`ampp train {' '.join(a.extra)}`, global batch {a.batch_size}, {a.steps} steps, "
           f"median of {a.rounds} rounds, images/s of all workers (ratio to 1x1 of the same precision):")
     print("| layout | " + " | ".join(a.precisions) + " |")
     print("|---|" + "---|" * len(a.precisions))
-    for layout in a.layouts:
+    rows = a.layouts + [l + " lockstep" for l in a.layouts if l.endswith("i")]
+    for layout in rows:
         cells = []
         for precision in a.precisions:
             v, base = statistics.median(results[(precision, layout)]), statistics.median(results[(precision, "1x1")])
             cells.append(f"{v:.0f} ({v / base:.2f}x)")
-        name = layout + (" independent (ceiling)" if layout.endswith("i") else "")
+        name = layout
+        if layout.endswith("i"):
+            name = layout + " independent (ceiling)"
+        elif layout.endswith(" lockstep"):
+            name = layout.split()[0] + " independent, had they met once per step"
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
 

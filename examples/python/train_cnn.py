@@ -26,10 +26,13 @@ FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
 class Cnn(nn.Module):
-    """ampp::train::make_model("cnn"): the same modules under the same names."""
+    """ampp::train::make_model("cnn"): the same modules under the same names, and the same activation layout
+    (ModelOptions::channels_last: channels-last from the first convolution on, the layout LibTorch's CPU
+    max-pool and BatchNorm kernels are fast in; the same kernels as ampp's, so the same bits)."""
 
-    def __init__(self, classes=10):
+    def __init__(self, classes=10, channels_last=True):
         super().__init__()
+        self.channels_last = channels_last
         self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1, bias=False)
@@ -38,7 +41,10 @@ class Cnn(nn.Module):
         self.fc2 = nn.Linear(128, classes)
 
     def forward(self, x):
-        x = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = self.conv1(x)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        x = torch.max_pool2d(torch.relu(self.bn1(x)), 2)
         x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 

@@ -4,44 +4,23 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
 #include "ampp_test.h"
+#include "idx_files.h"
 
 namespace fs = std::filesystem;
 using namespace ampp::train;
+using ampp_test::idx_bytes;
+using ampp_test::iota_bytes;
+using ampp_test::write_file;
 
 namespace {
 
-// An IDX file: 0,0,0x08,ndim, big-endian dims, then bytes.
-std::string idx_bytes(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
-  std::string s{'\0', '\0', '\x08', static_cast<char>(dims.size())};
-  for (uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((d >> shift) & 0xff));
-  }
-  s.append(data.begin(), data.end());
-  return s;
-}
-
-void write_file(const fs::path& p, const std::string& bytes, bool gzip) {
-  if (gzip) {
-    gzFile f = gzopen(p.c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()), static_cast<int>(bytes.size()));
-    gzclose(f);
-  } else {
-    std::ofstream(p, std::ios::binary) << bytes;
-  }
-}
-
-std::vector<uint8_t> iota_bytes(size_t n) {
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 7);
-  return v;
-}
-
-// A tiny MNIST-format folder: 6 training and 3 test images of 2x3 pixels.
+// A tiny MNIST-format folder: 6 training and 3 test images of 2x3 pixels (the hand computations below
+// rely on its exact bytes).
 void write_tiny_folder(const fs::path& dir, bool gzip) {
   const std::string gz = gzip ? ".gz" : "";
   write_file(dir / ("train-images-idx3-ubyte" + gz), idx_bytes({6, 2, 3}, iota_bytes(36)), gzip);
@@ -102,7 +81,7 @@ TEST(MnistFolder, LoadsAndNormalisesWithTrainingStatistics) {
   for (bool gzip : {false, true}) {
     ampp_test::TempDir tmp;
     write_tiny_folder(tmp.path(), gzip);
-    auto pair = load_mnist_folder(tmp.path().string());
+    auto pair = load_mnist_folder(tmp.path().string(), 0, DataLoading().cache_dir((tmp.path() / "cache").string()));
     ASSERT_EQ(pair.train.images.sizes(), (std::vector<int64_t>{6, 1, 2, 3}));
     ASSERT_EQ(pair.test.images.sizes(), (std::vector<int64_t>{3, 1, 2, 3}));
     EXPECT_EQ(pair.train.labels[2].item<int64_t>(), 2);
@@ -146,6 +125,92 @@ TEST(MnistFolder, AStrayLabelIsRefusedUnlessTheClassCountIsGiven) {
   EXPECT_EQ(load_mnist_folder(tmp.path().string(), 201).train.num_classes, 201);  // stated: trained as asked
   write_tiny_folder(tmp.path(), false);
   EXPECT_EQ(load_mnist_folder(tmp.path().string(), 5).train.num_classes, 5);  // empty classes allowed when stated
+}
+
+TEST(MappedIdx, PlainFileIsMappedAsItIsAndWritesStayPrivate) {
+  ampp_test::TempDir tmp;
+  const fs::path p = tmp.path() / "plain";
+  write_file(p, idx_bytes({2, 3, 4}, iota_bytes(24)), false);
+  auto m = map_idx(p.string(), (tmp.path() / "cache").string());
+  EXPECT_EQ(m.file, p.string());
+  ASSERT_TRUE(torch::equal(m.array, read_idx(p.string())));
+  m.array.fill_(0);  // copy-on-write: this process's pages change, the file does not
+  EXPECT_EQ(read_idx(p.string())[1][2][3].item<int>(), iota_bytes(24)[23]);
+  EXPECT_FALSE(fs::exists(tmp.path() / "cache"));  // nothing to decompress
+}
+
+TEST(MappedIdx, MalformedPlainFilesAreTheSameClearErrors) {
+  ampp_test::TempDir tmp;
+  const std::string cache = (tmp.path() / "cache").string();
+  auto bytes = idx_bytes({2, 3, 4}, iota_bytes(24));
+  bytes.resize(bytes.size() - 5);
+  write_file(tmp.path() / "t", bytes, false);
+  AMPP_EXPECT_THROW_WITH(map_idx((tmp.path() / "t").string(), cache), "truncated");
+  write_file(tmp.path() / "h", idx_bytes({2, 3, 4}, {}).substr(0, 9), false);
+  AMPP_EXPECT_THROW_WITH(map_idx((tmp.path() / "h").string(), cache), "bytes of header");
+  write_file(tmp.path() / "x", idx_bytes({2}, {1, 2, 3}), false);
+  AMPP_EXPECT_THROW_WITH(map_idx((tmp.path() / "x").string(), cache), "data past the size");
+  write_file(tmp.path() / "m", "PK\x03\x04garbage", false);
+  AMPP_EXPECT_THROW_WITH(map_idx((tmp.path() / "m").string(), cache), "not an IDX file");
+  AMPP_EXPECT_THROW_WITH(map_idx((tmp.path() / "missing").string(), cache), "does not exist");
+}
+
+// The mapped copy of a gzip file: made once, reused while intact, rebuilt when damaged or when the source changes.
+TEST(MappedIdx, GzipIsDecompressedOnceIntoTheCacheAndDamageIsNeverUsed) {
+  ampp_test::TempDir tmp;
+  const fs::path gz = tmp.path() / "a-idx3-ubyte.gz";
+  const std::string cache = (tmp.path() / "cache").string();
+  write_file(gz, idx_bytes({3, 4, 5}, iota_bytes(60)), true);
+  const auto expected = read_idx(gz.string());
+  const auto first = map_idx(gz.string(), cache);
+  ASSERT_EQ(fs::path(first.file).parent_path(), fs::path(cache));
+  EXPECT_TRUE(torch::equal(first.array, expected));
+  const auto written = fs::last_write_time(first.file);
+  EXPECT_EQ(map_idx(gz.string(), cache).file, first.file);
+  EXPECT_EQ(fs::last_write_time(first.file), written);  // reused, not rewritten
+  for (const std::string damage : {"flip", "truncate"}) {
+    if (damage == "flip") {
+      std::fstream f(first.file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(20);
+      f.put('\x7f');  // a pixel: only the CRC can tell
+    } else {
+      fs::resize_file(first.file, 30);
+    }
+    const auto again = map_idx(gz.string(), cache);
+    EXPECT_EQ(again.file, first.file) << damage;
+    EXPECT_TRUE(torch::equal(again.array, expected)) << damage;
+  }
+  write_file(gz, idx_bytes({2, 2}, {9, 8, 7, 6}), true);  // a changed source (size and time differ)
+  fs::last_write_time(gz, written + std::chrono::seconds(5));
+  const auto changed = map_idx(gz.string(), cache);
+  EXPECT_NE(changed.file, first.file);
+  EXPECT_TRUE(torch::equal(changed.array, read_idx(gz.string())));
+}
+
+TEST(MappedIdx, AnUnwritableCacheReadsIntoMemoryAndSaysWhy) {
+  ampp_test::TempDir tmp;
+  const fs::path gz = tmp.path() / "a.gz";
+  write_file(gz, idx_bytes({4}, {1, 2, 3, 4}), true);
+  write_file(tmp.path() / "blocker", "a file where the cache folder would be", false);
+  const auto m = map_idx(gz.string(), (tmp.path() / "blocker" / "cache").string());
+  EXPECT_EQ(m.file, "");
+  EXPECT_THAT(m.why_in_memory, ::testing::HasSubstr("blocker"));
+  EXPECT_TRUE(torch::equal(m.array, read_idx(gz.string())));
+}
+
+TEST(MnistFolder, ImagesAreMappedUnlessAskedToBeInMemory) {
+  ampp_test::TempDir tmp;
+  write_tiny_folder(tmp.path(), true);
+  const auto cache = (tmp.path() / "cache").string();
+  const auto mapped = load_mnist_folder(tmp.path().string(), 0, DataLoading().cache_dir(cache));
+  const auto in_memory = load_mnist_folder(tmp.path().string(), 0, DataLoading().map_files(false));
+  EXPECT_EQ(fs::path(mapped.train.images_file).parent_path(), fs::path(cache));
+  EXPECT_EQ(fs::path(mapped.test.images_file).parent_path(), fs::path(cache));
+  EXPECT_THAT(mapped.description, ::testing::HasSubstr("images mapped from " + cache));
+  EXPECT_EQ(in_memory.train.images_file, "");
+  EXPECT_THAT(in_memory.description, ::testing::HasSubstr("images in memory"));
+  EXPECT_TRUE(torch::equal(mapped.train.rows(0, 6), in_memory.train.rows(0, 6)));
+  EXPECT_TRUE(torch::equal(mapped.test.rows(0, 3), in_memory.test.rows(0, 3)));
 }
 
 TEST(Synthetic, SeededAndReproducible) {

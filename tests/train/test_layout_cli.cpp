@@ -14,6 +14,7 @@
 #include <string>
 
 #include "ampp_test.h"
+#include "idx_files.h"
 #include "train_cli.h"
 
 namespace {
@@ -100,6 +101,25 @@ TEST(ProfileCli, OneWorkerHasNoAllreduceWaitAndPrintsItsPhases) {
   const auto s = summary_of(tmp.path() / "out");
   expect_phases_cover_the_steps(s, 12);
   EXPECT_EQ(s.step_phases[0][StepPhase::kAllreduceWait], 0.0);
+  // LibTorch's profiler over steps 4-12 (the epoch's end closes the window: 12 steps of 32 of 384 images).
+  EXPECT_NE(r.output.find("the operators of steps 4-12 on rank 0"), std::string::npos) << r.output;
+  ASSERT_TRUE(s.ops.has_value());
+  EXPECT_EQ(s.ops->steps, 9);
+  double self_sum = 0;
+  bool convolution = false, backward_node = false;
+  for (const auto& op : s.ops->ops) {
+    EXPECT_GT(op.calls, 0) << op.name;
+    EXPECT_GE(op.self_ms, 0.0) << op.name;
+    EXPECT_GE(op.total_ms, op.self_ms - 1e-9) << op.name;
+    self_sum += op.self_ms;
+    convolution |= op.name == "aten::convolution";
+    backward_node |= op.name == "ConvolutionBackward0";
+  }
+  EXPECT_TRUE(convolution && backward_node) << r.output;  // forward ops and autograd's nodes are both seen
+  // One thread: the operators' own times cannot add up to more than the window (5% for timer rounding).
+  EXPECT_LE(self_sum, 1.05 * s.ops->recorded_ms);
+  EXPECT_GT(self_sum, 0.2 * s.ops->recorded_ms);  // the steps are mostly operators
+  for (size_t i = 1; i < s.ops->ops.size(); ++i) EXPECT_GE(s.ops->ops[i - 1].self_ms, s.ops->ops[i].self_ms);
 }
 
 // The memory report counts the MLP's bytes exactly: 784-256-128-10 has 235,146 parameters, FP32 at O0; at
@@ -136,6 +156,36 @@ TEST(ProfileCli, MemoryReportCountsWeightsMastersAndStateExactly) {
   }
 }
 
+// Images mapped from a plain IDX folder are resident file pages, not data in memory; --data-in-memory
+// holds them as tensors again. Exact bytes: 320 images of 28x28 uint8, 320 int64 labels.
+TEST(ProfileCli, MappedImagesAreReportedApartFromTheDataInMemory) {
+  constexpr int64_t kImages = 256 + 64, kPixels = kImages * 28 * 28, kLabels = kImages * 8;
+  ampp_test::TempDir tmp;
+  fs::create_directories(tmp.path() / "data");
+  ampp_test::write_mnist_folder(tmp.path() / "data", 256, 64, 28, 28, /*gzip=*/false);
+  for (const std::string mode : {"mapped", "in memory"}) {
+    const fs::path out = tmp.path() / (mode == "mapped" ? "mapped" : "in-memory");
+    const auto r = ampp_test::run_ampp(
+        "train --model mlp --batch-size 32 --nproc 1 --threads 1 --steps 4 --quiet "
+        "--no-plots --profile --data " +
+        (tmp.path() / "data").string() + " --out " + out.string() + (mode == "mapped" ? "" : " --data-in-memory"));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto s = summary_of(out);
+    ASSERT_TRUE(s.memory.has_value()) << mode;
+    if (mode == "mapped") {
+      EXPECT_THAT(s.data, ::testing::HasSubstr("images mapped from " + (tmp.path() / "data").string()));
+      EXPECT_EQ(s.memory->data, kLabels);
+      EXPECT_GT(s.memory->mapped_data, 0);
+      EXPECT_LE(s.memory->mapped_data, kPixels + 4 * 4096);  // two files' headers and partial pages
+      EXPECT_GE(s.memory->file_backed, s.memory->mapped_data);
+    } else {
+      EXPECT_THAT(s.data, ::testing::HasSubstr("images in memory"));
+      EXPECT_EQ(s.memory->data, kLabels + kPixels);
+      EXPECT_EQ(s.memory->mapped_data, 0);
+    }
+  }
+}
+
 TEST(ProfileCli, TwoWorkersReportEachRanksPhasesWithoutBeingAsked) {
   ampp_test::TempDir tmp;
   const auto r = ampp_test::run_ampp(ampp_test::small_run(tmp.path(), "--nproc 2 --steps 12"));
@@ -143,6 +193,7 @@ TEST(ProfileCli, TwoWorkersReportEachRanksPhasesWithoutBeingAsked) {
   EXPECT_EQ(r.output.find("where the step time went"), std::string::npos) << r.output;
   const auto s = summary_of(tmp.path() / "out");
   EXPECT_FALSE(s.memory.has_value());  // counting every tensor is for --profile only
+  EXPECT_FALSE(s.ops.has_value());     // and so is LibTorch's profiler
   expect_phases_cover_the_steps(s, 12);
   // Both ranks' rows arrived (not rank 0's twice): their totals are measured separately.
   EXPECT_NE(s.step_phases[0].total_seconds(), s.step_phases[1].total_seconds());

@@ -5,6 +5,7 @@
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
 #include <ampp/util/atomic_file.h>
+#include <ampp/util/cache_dir.h>
 #include <ampp/util/threads.h>
 #include <ampp/util/torch_version.h>
 #include <c10/util/Exception.h>
@@ -42,11 +43,11 @@ std::string cpu_model() {
 std::string job_key(const train::TrainOptions& o) {
   return fmt::format(
       "cpu={} cores={} torch={} model={} data={} num_classes={} opt_level={} dtype={} loss_scale={} batch_size={} "
-      "threads={} sync_bn={} zero={} deterministic={} shared_memory_allreduce={}",
+      "threads={} sync_bn={} zero={} deterministic={} shared_memory_allreduce={} channels_last={}",
       cpu_model(), usable_cores(), TORCH_VERSION, o.model(), train::dataset_name(o.data()), o.num_classes(),
       to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
       o.loss_scale() ? o.loss_scale()->to_string() : "default", o.batch_size(), o.threads(), o.sync_batch_norm(),
-      o.zero(), o.deterministic(), o.shared_memory_allreduce());
+      o.zero(), o.deterministic(), o.shared_memory_allreduce(), o.channels_last());
 }
 
 std::optional<int> checkpoint_world_size(const train::TrainOptions& o) {
@@ -193,12 +194,7 @@ LayoutChoice fastest(const nlohmann::json& rates, const train::TrainOptions& o, 
 
 }  // namespace
 
-std::string default_layout_cache() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  const fs::path base = xdg && *xdg ? fs::path(xdg) : fs::path(home && *home ? home : "/tmp") / ".cache";
-  return (base / "ampp" / "layouts.json").string();
-}
+std::string default_layout_cache() { return (fs::path(user_cache_dir()) / "layouts.json").string(); }
 
 LayoutChoice choose_layout(const train::TrainOptions& o, const std::string& self_exe, const std::string& cache_file) {
   if (const auto world = checkpoint_world_size(o))

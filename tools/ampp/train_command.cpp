@@ -87,6 +87,9 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
   sub.add_flag_callback(
       "--gloo-allreduce", [&o] { o.shared_memory_allreduce(false); },
       "workers on one machine reduce their gradients through Gloo's loopback TCP instead of shared memory");
+  sub.add_flag_callback(
+      "--nchw", [&o] { o.channels_last(false); },
+      "keep cnn and resnet activations in NCHW order instead of channels-last (slower CPU kernels; for comparison)");
   sub.add_flag("--zero", o.zero(),
                "shard the optimizer state over the workers (ZeRO stage 1, ZeroRedundancyOptimizer); same results");
   ampp::cli::add_number(sub, "--max-consecutive-skips", o.max_consecutive_skips(),
@@ -99,6 +102,9 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
   sub.add_option("--data", o.data(),
                  "Fashion-MNIST from dataset-fashion-mnist (default), 'synthetic[:N]' or an MNIST-format folder");
   ampp::cli::add_number(sub, "--num-classes", o.num_classes(), "number of classes (0: from the labels)");
+  sub.add_flag_callback(
+      "--data-in-memory", [&o] { o.map_data(false); },
+      "read the images into each worker's memory instead of mapping one copy the machine's workers share");
   auto parse_nproc = [](const std::string& text) {
     if (text == "auto") return kAutoNproc;
     const auto n = ampp::cli::parse_as<int>(text);

@@ -2,6 +2,7 @@
 // Datasets for `ampp train`: MNIST-format IDX folders (Fashion-MNIST by default), held in memory as
 // the files' uint8 pixels and standardised per batch (a quarter of float32's memory), and a seeded
 // synthetic set, held as standardised float tensors.
+#include <ampp/train/idx_file.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -21,6 +22,9 @@ struct Dataset {
   int64_t num_classes = 10;
   // uint8 images become (x / 255 - pixel_mean) / pixel_std in float32 (the training split's statistics).
   double pixel_mean = 0, pixel_std = 1;
+  // The file `images` maps (shared with the machine's other processes that map it), or "" when they
+  // are in this process's memory (DatasetPair::description says why, when mapping was asked).
+  std::string images_file;
   int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
   // The standardised float32 images at `indices` (int64), or of rows [begin, end).
   torch::Tensor select(const torch::Tensor& indices) const;
@@ -33,20 +37,23 @@ struct DatasetPair {
   std::string description;  // e.g. "fashion-mnist (/usr/share/...): 60000 train, 10000 test"
 };
 
-// Reads one IDX file (gzip-compressed or plain; zlib reads both) into a uint8 tensor whose
-// shape is the one in the file's header. Only unsigned-byte IDX files (type 0x08) are
-// accepted, which is what MNIST-format datasets use. Throws c10::Error naming the file and
-// the problem for a missing, truncated or malformed file.
-torch::Tensor read_idx(const std::string& path);
+// How MNIST-format folders are held.
+struct DataLoading {
+  // Map the uint8 images from a file the processes of this machine share (ampp::train::map_idx: the
+  // workers of a run hold one copy, not one each); false reads them into each process's memory.
+  TORCH_ARG(bool, map_files) = true;
+  // Where gzip files are decompressed once to be mapped; "" = ampp::user_cache_dir()/datasets.
+  TORCH_ARG(std::string, cache_dir) = "";
+};
 
 // Loads an MNIST-format folder: train-images-idx3-ubyte, train-labels-idx1-ubyte,
 // t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each optionally with .gz; the
 // "train-images.idx3-ubyte" spelling is accepted too). Images are kept as uint8; select()/rows() scale
 // them to [0,1] and standardise them with the training split's mean and standard deviation (computed
-// exactly, in double, from the pixel histogram). num_classes > 0 states the
+// exactly, in double, from the pixel histogram), mapped from files as `loading` says. num_classes > 0 states the
 // number of classes (a larger label is an error); 0 takes max label + 1 and refuses a gap (a class
 // below the largest label with no training image, the sign of a stray label).
-DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes = 0);
+DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes = 0, const DataLoading& loading = {});
 
 struct SyntheticOptions {
   TORCH_ARG(int64_t, train_size) = 2048;
@@ -68,6 +75,7 @@ inline std::string dataset_name(const std::string& spec) { return spec.empty() ?
 // folder (an error naming `apt install dataset-fashion-mnist` if absent), "synthetic" or
 // "synthetic:N" (N training images) -> make_synthetic, anything else -> an MNIST-format folder.
 // num_classes: as for load_mnist_folder; for synthetic data the number of classes (0: 10).
-DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed = 0, int64_t num_classes = 0);
+DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed = 0, int64_t num_classes = 0,
+                         const DataLoading& loading = {});
 
 }  // namespace ampp::train

@@ -2,6 +2,7 @@
 // What `ampp train` reports: metrics.jsonl (one JSON object per logged step and per epoch),
 // a per-epoch progress bar on rank 0, the final summary table and gnuplot PNGs.
 #include <ampp/train/memory_report.h>
+#include <ampp/train/op_profile.h>
 #include <ampp/train/step_phases.h>
 #include <nlohmann/json.hpp>
 
@@ -95,6 +96,7 @@ struct Summary {
   double seconds = 0, images_per_sec = 0, final_scale = 1, peak_rss_mb = 0;
   std::vector<StepPhases> step_phases;  // per rank, the steps this process ran (empty: none ran)
   std::optional<MemoryReport> memory;   // rank 0's tensors by kind (TrainOptions::profile only)
+  std::optional<OpProfile> ops;         // rank 0's operators over a window of steps (TrainOptions::profile only)
 };
 
 // The summary as an aligned text table.

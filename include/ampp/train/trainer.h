@@ -58,6 +58,12 @@ struct TrainOptions {
   // With several workers all on this machine: DDP's gradient allreduce through shared memory
   // (ampp::dist::shared_memory_allreduce_hook) instead of Gloo's loopback TCP; the same gradients.
   TORCH_ARG(bool, shared_memory_allreduce) = true;
+  // MNIST-format images mapped from a file that the workers of this machine share (one copy of the pixels
+  // per machine, not per worker; gzip files are decompressed once into ampp::user_cache_dir()/datasets);
+  // false reads them into each worker's memory.
+  TORCH_ARG(bool, map_data) = true;
+  // ModelOptions::channels_last: cnn and resnet activations in channels-last order (faster CPU kernels).
+  TORCH_ARG(bool, channels_last) = true;
   // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).
   TORCH_ARG(int64_t, num_classes) = 0;
   // The run stops with an error after this many steps in a row were skipped for non-finite gradients

@@ -3,6 +3,7 @@
 // writes (checkpoints, model.pt, summary.json, plots) goes through here.
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ampp {
 
@@ -11,6 +12,8 @@ namespace ampp {
 /// no temporary file; errors are one line (c10::Error) naming `path` and the cause. Creates the
 /// folder when missing.
 void write_file_atomic(const std::string& path, std::string_view bytes);
+/// The same for a file made of several pieces, written one after the other (no joined copy in memory).
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces);
 
 /// The temporary file write_file_atomic(path, ...) of this process writes before the rename:
 /// `<path>.tmp.<pid>`. Leftovers of killed writers are removed by the next successful write.

@@ -1,8 +1,8 @@
 #include <ampp/train/dataset.h>
+#include <ampp/util/cache_dir.h>
 #include <ampp/util/parse_number.h>
 
 #include <fmt/format.h>
-#include <zlib.h>
 
 #include <array>
 #include <cmath>
@@ -15,34 +15,6 @@ namespace fs = std::filesystem;
 namespace ampp::train {
 namespace {
 
-struct GzCloser {
-  void operator()(gzFile_s* f) const { gzclose(f); }
-};
-
-// Reads exactly n bytes or throws; gzread also reads uncompressed files transparently.
-void read_exact(gzFile file, const std::string& path, void* out, size_t n, const char* what) {
-  auto* dst = static_cast<unsigned char*>(out);
-  size_t done = 0;
-  while (done < n) {
-    // gzread takes an unsigned int count: read in chunks below 1 GiB.
-    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
-    const int got = gzread(file, dst + done, chunk);
-    if (got < 0) {
-      int err = 0;
-      const char* msg = gzerror(file, &err);
-      TORCH_CHECK(false, "IDX file '", path, "' is corrupt (zlib: ", msg, ") while reading the ", what,
-                  "; re-download or reinstall the dataset");
-    }
-    TORCH_CHECK(got > 0, "IDX file '", path, "' is truncated: expected ", n, " bytes of ", what, ", got ", done,
-                "; re-download or reinstall the dataset");
-    done += static_cast<size_t>(got);
-  }
-}
-
-uint32_t big_endian_u32(const unsigned char* b) {
-  return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | uint32_t{b[3]};
-}
-
 // The first existing spelling of an MNIST-format file name in `dir`, or "".
 std::string find_file(const fs::path& dir, const std::string& stem, const std::string& kind) {
   for (const std::string& name : {stem + "-" + kind, stem + "." + kind}) {
@@ -54,8 +26,9 @@ std::string find_file(const fs::path& dir, const std::string& stem, const std::s
   return "";
 }
 
-Dataset make_split(const torch::Tensor& images_u8, const torch::Tensor& labels_u8, const std::string& images_path,
+Dataset make_split(const MappedIdx& images, const torch::Tensor& labels_u8, const std::string& images_path,
                    const std::string& labels_path) {
+  const torch::Tensor& images_u8 = images.array;
   TORCH_CHECK(images_u8.dim() == 3, "IDX file '", images_path, "' holds a ", images_u8.dim(),
               "-d array; MNIST-format images are 3-d (count, rows, columns)");
   TORCH_CHECK(labels_u8.dim() == 1, "IDX file '", labels_path, "' holds a ", labels_u8.dim(),
@@ -65,6 +38,7 @@ Dataset make_split(const torch::Tensor& images_u8, const torch::Tensor& labels_u
   TORCH_CHECK(images_u8.size(0) > 0, "IDX file '", images_path, "' holds no images");
   Dataset d;
   d.images = images_u8.unsqueeze(1);  // uint8: standardised per batch
+  d.images_file = images.file;
   d.labels = labels_u8.to(torch::kInt64);
   return d;
 }
@@ -106,36 +80,6 @@ torch::Tensor standardised(const Dataset& d, torch::Tensor images) {
 
 }  // namespace
 
-torch::Tensor read_idx(const std::string& path) {
-  TORCH_CHECK(fs::is_regular_file(path), "IDX file '", path, "' does not exist");
-  std::unique_ptr<gzFile_s, GzCloser> file(gzopen(path.c_str(), "rb"));
-  TORCH_CHECK(file, "cannot open IDX file '", path, "' for reading");
-  unsigned char magic[4];
-  read_exact(file.get(), path, magic, 4, "header");
-  TORCH_CHECK(magic[0] == 0 && magic[1] == 0, "'", path,
-              "' is not an IDX file (bad magic number); expected an MNIST-format file such as train-images-idx3-ubyte");
-  TORCH_CHECK(magic[2] == 0x08, "IDX file '", path, "' has element type 0x", fmt::format("{:02x}", magic[2]),
-              "; only unsigned-byte (0x08) IDX files are supported, as in MNIST-format datasets");
-  const int ndim = magic[3];
-  TORCH_CHECK(ndim >= 1 && ndim <= 4, "IDX file '", path, "' declares ", ndim, " dimensions; expected 1 to 4");
-  std::vector<int64_t> shape(ndim);
-  int64_t numel = 1;
-  for (int i = 0; i < ndim; ++i) {
-    unsigned char b[4];
-    read_exact(file.get(), path, b, 4, "header");
-    shape[i] = big_endian_u32(b);
-    numel *= shape[i];
-    TORCH_CHECK(numel <= (int64_t{1} << 34), "IDX file '", path,
-                "' declares an implausibly large array; it is corrupt");
-  }
-  auto out = torch::empty(shape, torch::kUInt8);
-  read_exact(file.get(), path, out.data_ptr<uint8_t>(), static_cast<size_t>(numel), "data");
-  unsigned char extra;
-  TORCH_CHECK(gzread(file.get(), &extra, 1) == 0, "IDX file '", path,
-              "' has data past the size its header declares; it is corrupt or not an IDX file");
-  return out;
-}
-
 // The number of classes: `declared` when > 0 (every label must be below it), else max label + 1,
 // refused when some class below the largest label has no training image: a stray label (200 in
 // a 10-class set) would otherwise train a 201-class model without a word.
@@ -154,7 +98,7 @@ int64_t count_classes(const DatasetPair& pair, const std::string& dir, int64_t d
   return std::max<int64_t>(largest + 1, 2);
 }
 
-DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes) {
+DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes, const DataLoading& loading) {
   TORCH_CHECK(fs::is_directory(dir), "dataset folder '", dir, "' does not exist (or is not a folder)");
   DatasetPair pair;
   std::vector<std::string> paths;
@@ -169,15 +113,26 @@ DatasetPair load_mnist_folder(const std::string& dir, int64_t num_classes) {
                 "(gzip or not)");
     paths.push_back(p);
   }
-  pair.train = make_split(read_idx(paths[0]), read_idx(paths[1]), paths[0], paths[1]);
-  pair.test = make_split(read_idx(paths[2]), read_idx(paths[3]), paths[2], paths[3]);
+  const auto images = [&](const std::string& path) {
+    if (!loading.map_files()) return MappedIdx{read_idx(path), "", ""};
+    const std::string cache = loading.cache_dir().empty() ? user_cache_dir() + "/datasets" : loading.cache_dir();
+    return map_idx(path, cache);
+  };
+  const MappedIdx train_images = images(paths[0]);
+  pair.train = make_split(train_images, read_idx(paths[1]), paths[0], paths[1]);
+  pair.test = make_split(images(paths[2]), read_idx(paths[3]), paths[2], paths[3]);
   TORCH_CHECK(pair.train.images.sizes().slice(1) == pair.test.images.sizes().slice(1), "training images are ",
               pair.train.images.sizes(), " but test images are ", pair.test.images.sizes(), " in '", dir,
               "'; both splits must have the same image size");
   pair.train.num_classes = pair.test.num_classes = count_classes(pair, dir, num_classes);
   normalise_pixels(pair);
-  pair.description = fmt::format("{} ({} train, {} test images of {}x{})", dir, pair.train.size(), pair.test.size(),
-                                 pair.train.images.size(2), pair.train.images.size(3));
+  std::string residence = "images in memory";
+  if (!train_images.file.empty())
+    residence = "images mapped from " + fs::path(train_images.file).parent_path().string() + ", shared by this machine";
+  else if (!train_images.why_in_memory.empty())
+    residence += ", not mapped: " + train_images.why_in_memory;
+  pair.description = fmt::format("{} ({} train, {} test images of {}x{}; {})", dir, pair.train.size(), pair.test.size(),
+                                 pair.train.images.size(2), pair.train.images.size(3), residence);
   return pair;
 }
 
@@ -211,12 +166,13 @@ DatasetPair make_synthetic(const SyntheticOptions& o) {
   return pair;
 }
 
-DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed, int64_t num_classes) {
+DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed, int64_t num_classes,
+                         const DataLoading& loading) {
   if (dataset_name(spec) == "fashion-mnist") {
     TORCH_CHECK(fs::is_directory(kFashionMnistDir), "Fashion-MNIST not found in ", kFashionMnistDir,
                 ": install it with `sudo apt install dataset-fashion-mnist`, or set TrainOptions::data to an "
                 "MNIST-format folder or to synthetic");
-    auto pair = load_mnist_folder(kFashionMnistDir, num_classes);
+    auto pair = load_mnist_folder(kFashionMnistDir, num_classes, loading);
     pair.description = "fashion-mnist " + pair.description;
     return pair;
   }
@@ -232,7 +188,7 @@ DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed, int64
     }
     return make_synthetic(o);
   }
-  return load_mnist_folder(spec, num_classes);
+  return load_mnist_folder(spec, num_classes, loading);
 }
 
 }  // namespace ampp::train

@@ -5,8 +5,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <fstream>
 #include <limits>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -68,6 +71,23 @@ int64_t resident_file_pages() {
   return 0;
 }
 
+// The resident bytes of the mapping that holds `address`, from /proc/self/smaps (Linux); 0 if not found.
+int64_t resident_bytes_of_mapping(const void* address) {
+  const auto target = reinterpret_cast<uintptr_t>(address);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " ", &begin, &end) == 2 && line.find(':') > line.find(' ')) {
+      inside = begin <= target && target < end;
+    } else if (inside && line.rfind("Rss:", 0) == 0) {
+      return std::stoll(line.substr(4)) * 1024;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 MemoryReport measure_memory(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
@@ -84,7 +104,10 @@ MemoryReport measure_memory(const torch::nn::Module& model, torch::optim::Optimi
   counter.add_all(gradient_buffers, r.gradients);
   counter.add_all(state_tensors(state_owner), r.optimizer_state);
   for (const Dataset* d : {&data.train, &data.test}) {
-    counter.add(d->images, r.data);
+    if (d->images_file.empty())
+      counter.add(d->images, r.data);
+    else if (d->images.defined())
+      r.mapped_data += resident_bytes_of_mapping(d->images.data_ptr());
     counter.add(d->labels, r.data);
   }
   r.tensors_at_rest = tracker.current();
@@ -103,6 +126,7 @@ constexpr std::pair<const char*, int64_t MemoryReport::*> kJsonFields[] = {
     {"gradients", &MemoryReport::gradients},
     {"optimizer_state", &MemoryReport::optimizer_state},
     {"data", &MemoryReport::data},
+    {"mapped_data", &MemoryReport::mapped_data},
     {"other_tensors", &MemoryReport::other_tensors},
     {"tensors_at_rest", &MemoryReport::tensors_at_rest},
     {"tensor_peak", &MemoryReport::tensor_peak},
@@ -117,7 +141,10 @@ nlohmann::json to_json(const MemoryReport& r) {
 
 MemoryReport memory_report_from_json(const nlohmann::json& j) {
   MemoryReport r;
-  for (const auto& [name, field] : kJsonFields) r.*field = j.at(name).get<int64_t>();
+  for (const auto& [name, field] : kJsonFields) {
+    if (j.contains(name) || std::string_view(name) != "mapped_data")  // summaries before mapped data lack it
+      r.*field = j.at(name).get<int64_t>();
+  }
   return r;
 }
 
@@ -131,10 +158,11 @@ std::string memory_table(const MemoryReport& r) {
   row("FP32 masters", r.masters);
   row("gradients", r.gradients);
   row("optimizer state", r.optimizer_state);
-  row("data", r.data);
+  row("data in memory", r.data);
+  row("data mapped from files (resident, shared)", r.mapped_data);
   row("other tensors", r.other_tensors);
   row("activations and temporaries (peak)", r.activations_and_temporaries());
-  row("libraries' code and files (resident)", r.file_backed);
+  row("libraries' code (resident)", r.library_code());
   row("other (runtime heap, slack, kernels' scratch)", r.other_anonymous());
   row("process peak (RSS)", r.process_peak);
   return out;

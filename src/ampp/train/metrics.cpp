@@ -66,6 +66,7 @@ nlohmann::json to_json(const Summary& s) {
                       {"peak_rss_mb", s.peak_rss_mb},
                       {"compute", s.compute}};
   if (s.memory) j["memory_bytes"] = to_json(*s.memory);
+  if (s.ops) j["operators"] = to_json(*s.ops);
   if (s.step_phases.empty()) return j;
   auto& ranks = j["step_phases_ms"] = nlohmann::json::array();
   for (const auto& p : s.step_phases) ranks.push_back(to_json(p));
@@ -93,6 +94,7 @@ Summary summary_from_json(const nlohmann::json& j) {
   for (const auto& p : j.value("step_phases_ms", nlohmann::json::array()))
     s.step_phases.push_back(step_phases_from_json(p));
   if (j.contains("memory_bytes")) s.memory = memory_report_from_json(j.at("memory_bytes"));
+  if (j.contains("operators")) s.ops = op_profile_from_json(j.at("operators"));
   return s;
 }
 

@@ -30,10 +30,17 @@ struct MlpImpl : ClassifierImpl {
   nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
+// ModelOptions::channels_last: the first convolution's output, and so every activation after it (oneDNN's
+// convolutions keep the layout of their input), in channels-last order. A [N, 1, H, W] input is both layouts
+// at once, so converting it would not change the convolution's output.
+torch::Tensor activation_layout(const torch::Tensor& x, bool channels_last) {
+  return channels_last ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
+}
+
 // conv3x3(16)-BN-ReLU-pool, conv3x3(32)-BN-ReLU-pool, fc128, fc10. Small enough for a
 // 2-core CPU (~2.4 MFLOP per image forward), BatchNorm for the O2 keep_batchnorm_fp32 case.
 struct CnnImpl : ClassifierImpl {
-  explicit CnnImpl(const ModelOptions& o) {
+  explicit CnnImpl(const ModelOptions& o) : channels_last(o.channels_last()) {
     conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(o.in_channels(), 16, 3).padding(1).bias(false)));
     bn1 = batch_norm(16, o);
     register_module("bn1", bn1.ptr());
@@ -44,11 +51,12 @@ struct CnnImpl : ClassifierImpl {
     fc2 = register_module("fc2", nn::Linear(128, o.num_classes()));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::max_pool2d(torch::relu(bn1.forward(conv1->forward(x))), 2);
+    x = torch::max_pool2d(torch::relu(bn1.forward(activation_layout(conv1->forward(x), channels_last))), 2);
     x = torch::max_pool2d(torch::relu(bn2.forward(conv2->forward(x))), 2);
     x = torch::relu(fc1->forward(x.flatten(1)));
     return fc2->forward(x);
   }
+  bool channels_last;
   nn::Conv2d conv1{nullptr}, conv2{nullptr};
   nn::AnyModule bn1, bn2;
   nn::Linear fc1{nullptr}, fc2{nullptr};
@@ -83,7 +91,7 @@ TORCH_MODULE(BasicBlock);
 // A small ResNet for 28x28: stem conv(16), stages of one block each at 16/32/64 channels
 // (28 -> 14 -> 7), global average pool, fc.
 struct ResNetImpl : ClassifierImpl {
-  explicit ResNetImpl(const ModelOptions& o) {
+  explicit ResNetImpl(const ModelOptions& o) : channels_last(o.channels_last()) {
     stem = register_module("stem", nn::Conv2d(nn::Conv2dOptions(o.in_channels(), 16, 3).padding(1).bias(false)));
     bn = batch_norm(16, o);
     register_module("bn", bn.ptr());
@@ -93,10 +101,11 @@ struct ResNetImpl : ClassifierImpl {
     fc = register_module("fc", nn::Linear(64, o.num_classes()));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(bn.forward(stem->forward(x)));
+    x = torch::relu(bn.forward(activation_layout(stem->forward(x), channels_last)));
     x = layer3->forward(layer2->forward(layer1->forward(x)));
     return fc->forward(x.mean({2, 3}));
   }
+  bool channels_last;
   nn::Conv2d stem{nullptr};
   nn::AnyModule bn;
   BasicBlock layer1{nullptr}, layer2{nullptr}, layer3{nullptr};

@@ -18,6 +18,7 @@
 #include <ampp/train/doctor.h>
 #include <ampp/train/memory_report.h>
 #include <ampp/train/models.h>
+#include <ampp/train/op_profile.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 #include <ampp/train/step_phases.h>
 #include <ampp/train/tensorboard.h>
@@ -145,7 +146,8 @@ ModelOptions model_options_for(const Dataset& train, const TrainOptions& o) {
       .height(img.size(2))
       .width(img.size(3))
       .num_classes(train.num_classes)
-      .sync_batch_norm(o.sync_batch_norm());
+      .sync_batch_norm(o.sync_batch_norm())
+      .channels_last(o.channels_last());
 }
 
 std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelOptions& model_options) {
@@ -177,7 +179,7 @@ struct Run {
   Run(const TrainOptions& options, Workers workers_in)
       : o(options),
         workers(std::move(workers_in)),
-        data(load_dataset(o.data(), o.seed(), o.num_classes())),
+        data(load_dataset(o.data(), o.seed(), o.num_classes(), DataLoading().map_files(o.map_data()))),
         per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
         model_options(model_options_for(data.train, o)),
         model(seeded_model(o, model_options)),
@@ -239,6 +241,9 @@ struct Run {
   nlohmann::json first_non_finite;           // the doctor's replay of the first skipped step (null: none yet)
   StepPhases phases;                         // where this process's step time went
   PhaseClock clock{phases};
+  std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
+  int64_t op_window_first = 0;            // phases.steps when it started
+  std::optional<OpProfile> ops;
 };
 
 // ---- small helpers ----
@@ -661,6 +666,23 @@ void check_divergence(Run& run, const StepResult& step) {
   TORCH_CHECK(false, message);
 }
 
+// Under TrainOptions::profile, rank 0 records the operators of steps kOpWindowFirst+1 to
+// kOpWindowFirst+kOpWindowSteps (after the first steps' one-off costs: oneDNN primitive creation, first
+// page faults), or up to the end of that epoch (no evaluation in the window). Only a window: the
+// profiler costs microseconds per operator.
+constexpr int64_t kOpWindowFirst = 3, kOpWindowSteps = 20;
+
+void record_operators(Run& run, bool epoch_ended) {
+  if (!run.op_recorder) return;
+  const int64_t recorded = run.phases.steps - run.op_window_first;
+  if (run.op_recorder->recording() && (recorded == kOpWindowSteps || epoch_ended)) {
+    run.ops = run.op_recorder->stop(recorded);
+  } else if (!run.ops && !run.op_recorder->recording() && !epoch_ended && run.phases.steps == kOpWindowFirst) {
+    run.op_window_first = run.phases.steps;
+    run.op_recorder->start();
+  }
+}
+
 // The epoch's steps, until its end or TrainOptions::steps; checkpoints every checkpoint_every steps
 // and where the step limit stops it mid-epoch.
 void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar* bar) {
@@ -669,6 +691,7 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
   Throughput meter;
   run.clock.restart();  // between epochs: evaluation and checkpoints are not step time
   while (auto batch = batches.next()) {
+    record_operators(run, false);
     run.clock.lap(StepPhase::kData);
     set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
     const StepResult step = train_step(run, *batch);
@@ -690,6 +713,7 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
     run.clock.lap(StepPhase::kBookkeeping);
     if (stop) break;
   }
+  record_operators(run, true);
 }
 
 struct EpochStart {
@@ -824,6 +848,10 @@ void write_outputs(Run& run, const Summary& summary) {
   if (run.o.profile() && !summary.step_phases.empty())
     std::printf("\nwhere the step time went (TrainOptions::profile):\n%s",
                 step_phases_table(summary.step_phases).c_str());
+  if (run.o.profile() && summary.ops)
+    std::printf("\nthe operators of steps %lld-%lld on rank 0 (LibTorch's profiler, by self time):\n%s",
+                static_cast<long long>(kOpWindowFirst + 1), static_cast<long long>(kOpWindowFirst + summary.ops->steps),
+                op_table(*summary.ops).c_str());
   if (run.o.profile() && summary.memory) std::printf("\n%s", memory_table(*summary.memory).c_str());
   if (run.o.plots()) {
     try {
@@ -907,7 +935,8 @@ Summary train(const TrainOptions& options) {
   run.started = Clock::now();
   dist::report_progress(run.position.global_step);  // watched by the launcher from here on
   open_outputs(run);
-  if (options.doctor() && run.workers.leader()) run.ranges.emplace();  // DDP's gradients are alike on every rank
+  if (options.doctor() && run.workers.leader()) run.ranges.emplace();
+  if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::FaultInjection::from_environment(run.workers.rank, run.workers.world, run.workers.restarted);
   run.epochs_done = run.position.epoch;
   run.model->train();
@@ -917,6 +946,7 @@ Summary train(const TrainOptions& options) {
   }
   Summary summary = summarize(run);
   summary.step_phases = gather_step_phases(run);
+  summary.ops = run.ops;
   if (tracker) {
     auto* zero = run.zero();
     summary.memory = measure_memory(*run.model, run.optimizer, zero ? zero->local_optimizer() : run.optimizer,

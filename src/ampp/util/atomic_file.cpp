@@ -85,6 +85,10 @@ void rename_over(const fs::path& tmp, const fs::path& target) {
 }  // namespace
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
+  write_file_atomic(path, std::vector<std::string_view>{bytes});
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces) {
   const fs::path target = fs::absolute(path);
   const fs::path dir = make_folder(target);
   // Same folder, so rename() is atomic (same file system); the pid keeps concurrent writers apart.
@@ -93,7 +97,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TORCH_CHECK(f.fd >= 0, "cannot write '", target.string(), "': cannot create a file in '", dir.string(),
               "': ", errno_text(), "; check that the folder is writable");
-  write_all(f.fd, bytes, tmp, target);
+  for (const std::string_view bytes : pieces) write_all(f.fd, bytes, tmp, target);
   // The data must be on disk before the rename makes it visible under the real name.
   if (::fsync(f.fd) != 0) fail(tmp, target, "fsync", errno_text());
   if (!f.close_checked()) fail(tmp, target, "close", errno_text());
