@@ -1,9 +1,12 @@
 // The shared-memory allreduce among the ranks of one machine: rank-order sums on every rank, for every
-// dtype and for sizes that change from call to call; DDP through it gives Gloo's gradients bit for
-// bit on 2 ranks; a rank that stops is an error after the group's timeout, not a hang.
+// dtype and for sizes that change from call to call; its broadcast copies the root's tensors bit for bit;
+// DDP through both gives Gloo's gradients and buffers bit for bit on 2 ranks; a rank that stops is an
+// error after the group's timeout, not a hang.
 #include <ampp/dist/shared_memory_allreduce.h>
 
 #include "dist/ddp_test_util.h"
+
+#include <limits>
 
 namespace {
 
@@ -37,6 +40,80 @@ TEST(SharedMemoryAllreduce, EveryRankGetsTheRankOrderSumForEveryDtypeAndSize) {
     }
     auto too_big = torch::zeros({64 * 1024});
     EXPECT_THROW(shm.sum_(too_big), c10::Error);  // a local check: no rank waits for it
+  });
+}
+
+// What rank `root` holds at broadcast `call`: every dtype DDP's buffers can have, odd sizes (each tensor
+// starts aligned in the slot), a 0-dim counter, -0.0 and a NaN (bit-exact copies, not arithmetic).
+std::vector<torch::Tensor> broadcast_values(int root, int call) {
+  torch::manual_seed(100 * call + root);
+  auto floats = torch::randn({37});
+  floats[0] = -0.0;
+  floats[1] = std::numeric_limits<float>::quiet_NaN();
+  return {floats, torch::randint(1 << 30, {}, torch::kLong), torch::randn({5, 3}).to(torch::kBFloat16),
+          torch::randint(2, {11}).to(torch::kBool), torch::randn({3, 4}, torch::kDouble)};
+}
+
+TEST(SharedMemoryAllreduce, BroadcastGivesEveryRankTheRootsTensorsBitForBit) {
+  on_ranks(3, [&](int rank, const ProcessGroup& pg) {
+    SharedMemoryAllreduce shm(pg, 4096);
+    for (int call = 0; call < 30; ++call) {  // the root moves; consecutive calls alternate slot sets
+      const int root = call % 3;
+      auto mine = broadcast_values(rank, call);
+      mine.back() = torch::zeros({4, 3}, torch::kDouble).t();  // a non-contiguous destination
+      if (rank == root) mine.back().copy_(broadcast_values(root, call).back());
+      shm.broadcast_(mine, root);
+      const auto expected = broadcast_values(root, call);
+      for (size_t i = 0; i < expected.size(); ++i) {
+        const auto a = mine[i].contiguous().view({-1}).view(torch::kByte);
+        const auto b = expected[i].contiguous().view({-1}).view(torch::kByte);
+        EXPECT_TRUE(torch::equal(a, b)) << "call " << call << " tensor " << i;
+      }
+    }
+    EXPECT_THROW(shm.broadcast_({torch::zeros({2048})}, 0), c10::Error);  // local checks: no rank waits
+    EXPECT_THROW(shm.broadcast_({torch::zeros({2})}, 3), c10::Error);
+  });
+}
+
+// A model with BatchNorm: its statistics and counter are the buffers DDP broadcasts every forward.
+struct BnMlpImpl : torch::nn::Module {
+  torch::nn::Linear l1{nullptr}, l2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  BnMlpImpl() {
+    l1 = register_module("l1", torch::nn::Linear(8, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    l2 = register_module("l2", torch::nn::Linear(16, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return l2(torch::relu(bn(l1(x)))); }
+};
+TORCH_MODULE(BnMlp);
+
+TEST(SharedMemoryAllreduce, DdpWithItsBufferBroadcastHasGloosModelBitForBit) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    torch::manual_seed(rank + 1);
+    BnMlp gloo_model;
+    torch::manual_seed(rank + 1);
+    BnMlp shm_model;
+    DistributedDataParallel gloo(gloo_model, pg), shm(shm_model, pg);
+    shm.register_comm_hook(shared_memory_allreduce_hook(pg));
+    shm.register_buffer_broadcast(shared_memory_buffer_broadcast(pg));
+    torch::optim::SGD gloo_opt(gloo_model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD shm_opt(shm_model->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 4; ++step) {
+      // Each rank's batch moves its own statistics; rank 1 starts each forward from rank 0's (without the
+      // broadcast its buffers would differ from the Gloo run's).
+      auto d = rank_batch(step, rank);
+      gloo_opt.zero_grad();
+      shm_opt.zero_grad();
+      torch::mse_loss(gloo->forward(d.x), d.y).backward();
+      torch::mse_loss(shm->forward(d.x), d.y).backward();
+      gloo_opt.step();
+      shm_opt.step();
+    }
+    EXPECT_TRUE(torch::equal(flat_params(shm_model->parameters()), flat_params(gloo_model->parameters())));
+    EXPECT_TRUE(torch::equal(shm_model->bn->running_mean, gloo_model->bn->running_mean));
+    EXPECT_TRUE(torch::equal(shm_model->bn->running_var, gloo_model->bn->running_var));
+    EXPECT_EQ(shm_model->bn->num_batches_tracked.item<int64_t>(), 4);
   });
 }
 

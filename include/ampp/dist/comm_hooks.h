@@ -14,6 +14,11 @@ namespace ampp::dist {
 
 using CommHook = std::function<c10::intrusive_ptr<c10::ivalue::Future>(GradBucket& bucket)>;
 
+// How DDP's forward gives every rank the buffers of rank `source` (broadcast_buffers): an ampp extension
+// beside the comm hook (DistributedDataParallel::register_buffer_broadcast). The default packs them into
+// Gloo broadcasts (broadcast_coalesced); shared_memory_buffer_broadcast copies them through shared memory.
+using BufferBroadcast = std::function<void(const std::vector<torch::Tensor>& buffers, int source)>;
+
 // Plain average: divide by the world size, allreduce SUM (same result as DDP without a hook).
 CommHook allreduce_hook(ProcessGroup group);
 

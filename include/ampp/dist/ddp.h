@@ -121,6 +121,10 @@ class DistributedDataParallel {
   // For ampp::dist::join (join.h): uneven numbers of batches per rank.
   Joinable& joinable() { return *reducer_; }
   void register_comm_hook(CommHook hook) { reducer_->register_comm_hook(std::move(hook)); }
+  // ampp extension: how each forward's broadcast_buffers reaches the ranks (comm_hooks.h).
+  void register_buffer_broadcast(BufferBroadcast broadcast) {
+    reducer_->register_buffer_broadcast(std::move(broadcast));
+  }
   void register_builtin_comm_hook(BuiltinCommHook type) {
     reducer_->register_comm_hook(builtin_comm_hook(type, reducer_->process_group()));
   }

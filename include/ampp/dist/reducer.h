@@ -62,6 +62,8 @@ class Reducer : public Joinable {
 
   // Replace the default (pre-divide + allreduce SUM) reduction. Once, before training.
   void register_comm_hook(CommHook hook);
+  // Replace the default buffer broadcast of each forward (Gloo). Once, before training.
+  void register_buffer_broadcast(BufferBroadcast broadcast);
 
   const std::vector<std::vector<size_t>>& bucket_indices() const;
   const std::vector<torch::Tensor>& parameters() const;

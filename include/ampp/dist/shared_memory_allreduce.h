@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <vector>
 
 namespace ampp::dist {
 
@@ -27,6 +28,10 @@ class SharedMemoryAllreduce {
   // and rounded once. Every rank must call it, in the same order, with tensors of the same size and
   // dtype; a rank that does not arrive within the group's timeout is an error, not a hang.
   void sum_(torch::Tensor& tensor);
+  // Rank `root`'s `tensors` (CPU, any dtypes, together at most capacity_bytes()) into every rank's, in
+  // place: root copies them into its slot one after another, the others copy them out after the
+  // barrier. The same calling rules as sum_ (every rank, same order, same sizes and dtypes).
+  void broadcast_(const std::vector<torch::Tensor>& tensors, int root);
   int64_t capacity_bytes() const;
 
  private:
@@ -38,5 +43,10 @@ class SharedMemoryAllreduce {
 // first use and regrown, on every rank alike, for a larger bucket. Completes before it returns (no
 // overlap with backward: with one core per worker a communication thread would only compete with it).
 CommHook shared_memory_allreduce_hook(ProcessGroup group);
+
+// DDP's per-forward buffer broadcast (BatchNorm's statistics and counters) through a SharedMemoryAllreduce
+// of its own (DistributedDataParallel::register_buffer_broadcast): bit-exact copies, no Gloo round trip
+// and no Gloo thread woken on every step.
+BufferBroadcast shared_memory_buffer_broadcast(ProcessGroup group);
 
 }  // namespace ampp::dist

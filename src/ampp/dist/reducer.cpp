@@ -117,6 +117,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   std::vector<Bucket> buckets;
   std::vector<std::pair<size_t, size_t>> locator;  // param -> (bucket, slot)
   CommHook hook;
+  BufferBroadcast buffer_broadcast;  // empty: broadcast_coalesced over the group
   bool require_backward_grad_sync = true;
   bool require_forward_param_sync = true;
   // Per iteration.
@@ -144,6 +145,13 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   // ready; before the next one, buckets are rebuilt in rank 0's order (ranks may see different
   // orders, and all must bucket alike). Once, and not with find_unused_parameters (as PyTorch).
   void rebuild_buckets_once(int source);
+  // broadcast_buffers: rank `source`'s buffers to every rank, through buffer_broadcast if registered.
+  void broadcast_buffers(int source) {
+    if (buffer_broadcast)
+      buffer_broadcast(buffers, source);
+    else
+      broadcast_coalesced(group, buffers, kBroadcastChunkBytes, source);
+  }
   void install_hooks();
   void install_hook(size_t i, compat::NodePtr acc);
 
@@ -562,8 +570,7 @@ void Reducer::pre_forward() {
     s.ensure_prior_reduction_finished();
     s.rebuild_buckets_once(source);
   }
-  if (s.options.broadcast_buffers() && s.require_forward_param_sync && !s.buffers.empty())
-    broadcast_coalesced(s.group, s.buffers, kBroadcastChunkBytes, source);
+  if (s.options.broadcast_buffers() && s.require_forward_param_sync && !s.buffers.empty()) s.broadcast_buffers(source);
 }
 
 void Reducer::post_forward(const std::vector<torch::Tensor>& outputs) {
@@ -635,7 +642,7 @@ int Reducer::shadow_iteration() {
   const bool sync = round.syncing > 0;
   if (sync) s.rebuild_buckets_once(round.authoritative);
   if (s.options.broadcast_buffers() && s.require_forward_param_sync && !s.buffers.empty())
-    broadcast_coalesced(s.group, s.buffers, kBroadcastChunkBytes, round.authoritative);
+    s.broadcast_buffers(round.authoritative);
   s.require_forward_param_sync = sync;  // what the active ranks' post_forward decides
   if (sync) s.shadow_backward();
   return round.active;
@@ -653,6 +660,12 @@ void Reducer::finish_join(bool active_to_the_end) {
 
 void Reducer::set_require_backward_grad_sync(bool on) { impl_->require_backward_grad_sync = on; }
 bool Reducer::require_backward_grad_sync() const { return impl_->require_backward_grad_sync; }
+
+void Reducer::register_buffer_broadcast(BufferBroadcast broadcast) {
+  TORCH_CHECK(!impl_->buffer_broadcast, "register_buffer_broadcast can only be called once.");
+  TORCH_CHECK(broadcast, "ampp::dist: register_buffer_broadcast got an empty function.");
+  impl_->buffer_broadcast = std::move(broadcast);
+}
 
 void Reducer::register_comm_hook(CommHook hook) {
   TORCH_CHECK(!impl_->hook, "register_comm_hook or register_builtin_comm_hook can only be called once.");

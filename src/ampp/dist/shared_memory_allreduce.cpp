@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -21,6 +22,13 @@ constexpr int64_t kAlign = 64;  // a cache line: slots and the header never shar
 constexpr int64_t kNameBytes = 64;
 
 int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// The slot bytes broadcast_ needs for `tensors`: each one starts on a cache line.
+int64_t broadcast_bytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) bytes += aligned(t.numel() * t.element_size());
+  return bytes;
+}
 
 // The segment starts with the barrier's two counters, each in its own cache line.
 struct alignas(kAlign) Header {
@@ -160,6 +168,35 @@ void SharedMemoryAllreduce::sum_(torch::Tensor& tensor) {
   tensor.copy_(total);
 }
 
+void SharedMemoryAllreduce::broadcast_(const std::vector<torch::Tensor>& tensors, int root) {
+  Segment& s = *segment_;
+  TORCH_CHECK(root >= 0 && root < s.group.size(), "SharedMemoryAllreduce::broadcast_: root ", root,
+              " is not a rank of this group of ", s.group.size());
+  for (const auto& t : tensors) TORCH_CHECK(t.device().is_cpu(), "SharedMemoryAllreduce::broadcast_ takes CPU tensors");
+  const int64_t total = broadcast_bytes(tensors);
+  TORCH_CHECK(total <= s.capacity, "SharedMemoryAllreduce::broadcast_: ", total, " bytes exceed the segment's ",
+              s.capacity);
+  const uint64_t call = s.calls++;
+  char* slot = s.slot(call, root);
+  const bool sending = s.group.rank() == root;
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  if (sending) {
+    for (const auto& t : tensors) {
+      const auto bytes = t.contiguous();
+      std::memcpy(slot + offset, bytes.data_ptr(), static_cast<size_t>(t.numel() * t.element_size()));
+      offset += aligned(t.numel() * t.element_size());  // each tensor starts aligned for its dtype
+    }
+  }
+  s.barrier(call);
+  if (sending) return;
+  for (const auto& t : tensors) {
+    torch::Tensor target = t;  // shares t's storage: copy_ writes the caller's tensor
+    target.copy_(torch::from_blob(slot + offset, t.sizes(), t.options()));
+    offset += aligned(t.numel() * t.element_size());
+  }
+}
+
 CommHook shared_memory_allreduce_hook(ProcessGroup group) {
   auto reducer = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
   return [group, reducer](GradBucket& bucket) {
@@ -172,6 +209,17 @@ CommHook shared_memory_allreduce_hook(ProcessGroup group) {
     buffer.div_(group.size());
     (*reducer)->sum_(buffer);
     return completed_future(buffer);
+  };
+}
+
+BufferBroadcast shared_memory_buffer_broadcast(ProcessGroup group) {
+  auto segment = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
+  return [group, segment](const std::vector<torch::Tensor>& buffers, int source) {
+    const int64_t bytes = broadcast_bytes(buffers);
+    // Every rank broadcasts the same buffers, so all create (or regrow) the segment at the same call.
+    if (!*segment || (*segment)->capacity_bytes() < bytes)
+      *segment = std::make_unique<SharedMemoryAllreduce>(group, std::max<int64_t>(bytes, int64_t{64} << 10));
+    (*segment)->broadcast_(buffers, source);
   };
 }
 

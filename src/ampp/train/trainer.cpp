@@ -872,8 +872,10 @@ void write_outputs(Run& run, const Summary& summary) {
 void start_ddp(Run& run) {
   run.ddp.emplace(run.model, run.workers.pg);
   const auto& pg = run.workers.pg;
-  if (run.o.shared_memory_allreduce() && pg.local_size() == pg.size())
+  if (run.o.shared_memory_allreduce() && pg.local_size() == pg.size()) {
     run.ddp->register_comm_hook(dist::shared_memory_allreduce_hook(pg));
+    run.ddp->register_buffer_broadcast(dist::shared_memory_buffer_broadcast(pg));
+  }
 }
 
 // ---- a finished run, resumed ----
