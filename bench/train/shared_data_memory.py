@@ -5,9 +5,10 @@ alternating, the order flipping every round.
 
 Every 20 ms the script reads, for each process of the run's tree (launcher and workers), VmHWM (the peak
 RSS the kernel keeps) and the PSS (proportional set size: a page shared by k processes counts 1/k in
-each) from /proc. It prints per mode the largest per-process peak RSS, the peak of the tree's summed
-PSS (what the job costs the machine) and the peak of the summed RSS (what adding up `top`'s RES
-column would say: shared pages counted once per process). Medians over rounds.
+each) from /proc. It prints per mode the largest per-process peak RSS, the peak and the median over the
+run of the tree's summed PSS (what the job costs the machine; the peak of a convolution model's run moves
+by tens of MiB from run to run with oneDNN's scratch, the median much less) and the peak of the summed RSS
+(what adding up `top`'s RES column would say: shared pages counted once per process). Medians over rounds.
 
     python3 bench/train/shared_data_memory.py --ampp build/bin/ampp [--nproc 2] [--steps 300] [--rounds 3]
 """
@@ -50,7 +51,7 @@ def run(a, in_memory, out_dir):
     cmd = [a.ampp, "train", "--nproc", str(a.nproc), "--threads", "1", "--steps", str(a.steps), "--model", a.model,
            "--out", out_dir, "--quiet", "--no-plots"] + (["--data-in-memory"] if in_memory else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    hwm, pss_sum, rss_sum = {}, 0, 0
+    hwm, pss_sum, rss_sum, pss_samples = {}, 0, 0, []
     while proc.poll() is None:
         pss_now = rss_now = 0
         for p in tree(proc.pid):
@@ -61,10 +62,12 @@ def run(a, in_memory, out_dir):
             pss_now += pss or 0
             rss_now += rss or 0
         pss_sum, rss_sum = max(pss_sum, pss_now), max(rss_sum, rss_now)
+        pss_samples.append(pss_now)
         time.sleep(0.02)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
-    return {"process_peak": max(hwm.values()) / 1024, "tree_pss": pss_sum / 1024, "tree_rss": rss_sum / 1024}
+    return {"process_peak": max(hwm.values()) / 1024, "tree_pss": pss_sum / 1024, "tree_rss": rss_sum / 1024,
+            "tree_pss_median": statistics.median(pss_samples) / 1024}
 
 
 def main():
@@ -84,12 +87,12 @@ def main():
                 results[mode].append(m)
                 print(f"round {r} {mode}: " + ", ".join(f"{k} {v:.1f} MiB" for k, v in m.items()), flush=True)
     print(f"\n{a.model}, {a.nproc} workers x 1 thread, {a.steps} steps, medians of {a.rounds} rounds (MiB):")
-    print(f"{'':<28}{'mapped':>10}{'in memory':>12}{'mapped - in memory':>20}")
+    print(f"{'':<32}{'mapped':>10}{'in memory':>12}{'mapped - in memory':>20}")
     for key, label in [("process_peak", "largest process peak RSS"), ("tree_pss", "job's peak PSS (machine)"),
-                       ("tree_rss", "job's peak summed RSS")]:
+                       ("tree_pss_median", "job's median PSS over the run"), ("tree_rss", "job's peak summed RSS")]:
         mapped = statistics.median(m[key] for m in results["mapped"])
         memory = statistics.median(m[key] for m in results["in memory"])
-        print(f"{label:<28}{mapped:>10.1f}{memory:>12.1f}{mapped - memory:>+20.1f}")
+        print(f"{label:<32}{mapped:>10.1f}{memory:>12.1f}{mapped - memory:>+20.1f}")
 
 
 if __name__ == "__main__":
