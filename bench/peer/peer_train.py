@@ -120,6 +120,19 @@ def peak_rss_mb():
     return 0.0
 
 
+class NoScaler:
+    """What a disabled GradScaler does (fp32 and bf16 take no loss scaling); PyTorch 1.13 has no CPU GradScaler."""
+
+    def scale(self, loss):
+        return loss
+
+    def step(self, opt):
+        opt.step()
+
+    def update(self):
+        pass
+
+
 def worker(rank, args):
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", world_size=args.nproc, rank=rank)
@@ -129,7 +142,7 @@ def worker(rank, args):
     model = DistributedDataParallel(MODELS[args.model](**layout))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
-    scaler = torch.amp.GradScaler("cpu", enabled=args.precision == "fp16")
+    scaler = torch.amp.GradScaler("cpu") if args.precision == "fp16" else NoScaler()
     sampler = DistributedSampler(range(len(train_y)), num_replicas=args.nproc, rank=rank, shuffle=True, seed=args.seed)
     per_rank = args.batch_size // args.nproc
     steps, accuracy, started = 0, 0.0, time.perf_counter()
