@@ -25,6 +25,12 @@ from torch.utils.data.distributed import DistributedSampler
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
+def activation_layout(x, channels_last):
+    """ampp's ModelOptions::channels_last: the first convolution's output (and, through oneDNN, every
+    activation after it) in channels-last order."""
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
 class Cnn(nn.Module):
     """ampp::train::make_model("cnn"): the same modules under the same names, and the same activation layout
     (ModelOptions::channels_last: channels-last from the first convolution on, the layout LibTorch's CPU
@@ -41,10 +47,7 @@ class Cnn(nn.Module):
         self.fc2 = nn.Linear(128, classes)
 
     def forward(self, x):
-        x = self.conv1(x)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        x = torch.max_pool2d(torch.relu(self.bn1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.bn1(activation_layout(self.conv1(x), self.channels_last))), 2)
         x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 

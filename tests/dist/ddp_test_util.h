@@ -32,6 +32,20 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// The MLP with a BatchNorm between its layers: running statistics and a counter are the buffers DDP
+// broadcasts every forward.
+struct BnNetImpl : torch::nn::Module {
+  torch::nn::Linear l1{nullptr}, l2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  BnNetImpl() {
+    l1 = register_module("l1", torch::nn::Linear(8, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    l2 = register_module("l2", torch::nn::Linear(16, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return l2(torch::relu(bn(l1(x)))); }
+};
+TORCH_MODULE(BnNet);
+
 // Rank r builds its model from seed r + 1 (so DDP's broadcast matters); the reference model
 // uses rank 0's seed.
 inline Mlp make_model(int seed) {

@@ -68,18 +68,6 @@ TEST(Join, FindUnusedParametersShadowsItsExtraAllreduce) {
   check_uneven_batches(small_buckets().find_unused_parameters(true), {2, 4});
 }
 
-struct BnNetImpl : torch::nn::Module {
-  torch::nn::Linear l1{nullptr}, l2{nullptr};
-  torch::nn::BatchNorm1d bn{nullptr};
-  BnNetImpl() {
-    l1 = register_module("l1", torch::nn::Linear(8, 16));
-    bn = register_module("bn", torch::nn::BatchNorm1d(16));
-    l2 = register_module("l2", torch::nn::Linear(16, 4));
-  }
-  torch::Tensor forward(torch::Tensor x) { return l2(torch::relu(bn(l1(x)))); }
-};
-TORCH_MODULE(BnNet);
-
 // Buffers are broadcast from the highest active rank, bucket reductions go through the comm hook; every
 // rank ends with the same parameters, running statistics and buckets.
 TEST(Join, BuffersAndCommHooksAreShadowedAndEveryRankEndsAlike) {

@@ -6,6 +6,7 @@
 
 #include "dist/ddp_test_util.h"
 
+#include <functional>
 #include <limits>
 
 namespace {
@@ -75,41 +76,37 @@ TEST(SharedMemoryAllreduce, BroadcastGivesEveryRankTheRootsTensorsBitForBit) {
   });
 }
 
-// A model with BatchNorm: its statistics and counter are the buffers DDP broadcasts every forward.
-struct BnMlpImpl : torch::nn::Module {
-  torch::nn::Linear l1{nullptr}, l2{nullptr};
-  torch::nn::BatchNorm1d bn{nullptr};
-  BnMlpImpl() {
-    l1 = register_module("l1", torch::nn::Linear(8, 16));
-    bn = register_module("bn", torch::nn::BatchNorm1d(16));
-    l2 = register_module("l2", torch::nn::Linear(16, 4));
+// Four SGD steps of a Gloo DDP run and a shared-memory one side by side on this rank's batches;
+// `after_backward(step)` checks them between backward and the optimizer step.
+template <typename Ddp>
+void train_side_by_side(int rank, Ddp& gloo, Ddp& shm, torch::optim::Optimizer& gloo_opt,
+                        torch::optim::Optimizer& shm_opt, const std::function<void(int)>& after_backward) {
+  for (int step = 0; step < 4; ++step) {
+    auto d = rank_batch(step, rank);
+    gloo_opt.zero_grad();
+    shm_opt.zero_grad();
+    torch::mse_loss(gloo->forward(d.x), d.y).backward();
+    torch::mse_loss(shm->forward(d.x), d.y).backward();
+    after_backward(step);
+    gloo_opt.step();
+    shm_opt.step();
   }
-  torch::Tensor forward(torch::Tensor x) { return l2(torch::relu(bn(l1(x)))); }
-};
-TORCH_MODULE(BnMlp);
+}
 
 TEST(SharedMemoryAllreduce, DdpWithItsBufferBroadcastHasGloosModelBitForBit) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     torch::manual_seed(rank + 1);
-    BnMlp gloo_model;
+    BnNet gloo_model;
     torch::manual_seed(rank + 1);
-    BnMlp shm_model;
+    BnNet shm_model;
     DistributedDataParallel gloo(gloo_model, pg), shm(shm_model, pg);
     shm.register_comm_hook(shared_memory_allreduce_hook(pg));
     shm.register_buffer_broadcast(shared_memory_buffer_broadcast(pg));
     torch::optim::SGD gloo_opt(gloo_model->parameters(), torch::optim::SGDOptions(0.1));
     torch::optim::SGD shm_opt(shm_model->parameters(), torch::optim::SGDOptions(0.1));
-    for (int step = 0; step < 4; ++step) {
-      // Each rank's batch moves its own statistics; rank 1 starts each forward from rank 0's (without the
-      // broadcast its buffers would differ from the Gloo run's).
-      auto d = rank_batch(step, rank);
-      gloo_opt.zero_grad();
-      shm_opt.zero_grad();
-      torch::mse_loss(gloo->forward(d.x), d.y).backward();
-      torch::mse_loss(shm->forward(d.x), d.y).backward();
-      gloo_opt.step();
-      shm_opt.step();
-    }
+    // Each rank's batch moves its own statistics; rank 1 starts each forward from rank 0's (without the
+    // broadcast its buffers would differ from the Gloo run's).
+    train_side_by_side(rank, gloo, shm, gloo_opt, shm_opt, [](int) {});
     EXPECT_TRUE(torch::equal(flat_params(shm_model->parameters()), flat_params(gloo_model->parameters())));
     EXPECT_TRUE(torch::equal(shm_model->bn->running_mean, gloo_model->bn->running_mean));
     EXPECT_TRUE(torch::equal(shm_model->bn->running_var, gloo_model->bn->running_var));
@@ -126,17 +123,10 @@ TEST(SharedMemoryAllreduce, DdpThroughItHasGloosGradientsBitForBit) {
     shm.register_comm_hook(shared_memory_allreduce_hook(pg));
     torch::optim::SGD gloo_opt(gloo_model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     torch::optim::SGD shm_opt(shm_model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    for (int step = 0; step < 4; ++step) {
-      auto d = rank_batch(step, rank);
-      gloo_opt.zero_grad();
-      shm_opt.zero_grad();
-      torch::mse_loss(gloo->forward(d.x), d.y).backward();
-      torch::mse_loss(shm->forward(d.x), d.y).backward();
+    train_side_by_side(rank, gloo, shm, gloo_opt, shm_opt, [&](int step) {
       EXPECT_TRUE(torch::equal(flat_grads(shm_model->parameters()), flat_grads(gloo_model->parameters())))
           << "step " << step;
-      gloo_opt.step();
-      shm_opt.step();
-    }
+    });
     EXPECT_TRUE(torch::equal(flat_params(shm_model->parameters()), flat_params(gloo_model->parameters())));
   });
 }

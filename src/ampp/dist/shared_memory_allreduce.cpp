@@ -23,11 +23,11 @@ constexpr int64_t kNameBytes = 64;
 
 int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// The slot bytes broadcast_ needs for `tensors`: each one starts on a cache line.
-int64_t broadcast_bytes(const std::vector<torch::Tensor>& tensors) {
-  int64_t bytes = 0;
-  for (const auto& t : tensors) bytes += aligned(t.numel() * t.element_size());
-  return bytes;
+// Where broadcast_ puts each of `tensors` in a slot (each on a cache line); the last entry is the bytes needed.
+std::vector<int64_t> slot_offsets(const std::vector<torch::Tensor>& tensors) {
+  std::vector<int64_t> offsets{0};
+  for (const auto& t : tensors) offsets.push_back(offsets.back() + aligned(t.numel() * t.element_size()));
+  return offsets;
 }
 
 // The segment starts with the barrier's two counters, each in its own cache line.
@@ -173,27 +173,21 @@ void SharedMemoryAllreduce::broadcast_(const std::vector<torch::Tensor>& tensors
   TORCH_CHECK(root >= 0 && root < s.group.size(), "SharedMemoryAllreduce::broadcast_: root ", root,
               " is not a rank of this group of ", s.group.size());
   for (const auto& t : tensors) TORCH_CHECK(t.device().is_cpu(), "SharedMemoryAllreduce::broadcast_ takes CPU tensors");
-  const int64_t total = broadcast_bytes(tensors);
-  TORCH_CHECK(total <= s.capacity, "SharedMemoryAllreduce::broadcast_: ", total, " bytes exceed the segment's ",
-              s.capacity);
+  const auto offsets = slot_offsets(tensors);  // each tensor starts aligned for its dtype
+  TORCH_CHECK(offsets.back() <= s.capacity, "SharedMemoryAllreduce::broadcast_: ", offsets.back(),
+              " bytes exceed the segment's ", s.capacity);
   const uint64_t call = s.calls++;
   char* slot = s.slot(call, root);
   const bool sending = s.group.rank() == root;
   torch::NoGradGuard no_grad;
-  int64_t offset = 0;
-  if (sending) {
-    for (const auto& t : tensors) {
-      const auto bytes = t.contiguous();
-      std::memcpy(slot + offset, bytes.data_ptr(), static_cast<size_t>(t.numel() * t.element_size()));
-      offset += aligned(t.numel() * t.element_size());  // each tensor starts aligned for its dtype
-    }
+  for (size_t i = 0; sending && i < tensors.size(); ++i) {
+    const auto bytes = tensors[i].contiguous();
+    std::memcpy(slot + offsets[i], bytes.data_ptr(), static_cast<size_t>(bytes.numel() * bytes.element_size()));
   }
   s.barrier(call);
-  if (sending) return;
-  for (const auto& t : tensors) {
-    torch::Tensor target = t;  // shares t's storage: copy_ writes the caller's tensor
-    target.copy_(torch::from_blob(slot + offset, t.sizes(), t.options()));
-    offset += aligned(t.numel() * t.element_size());
+  for (size_t i = 0; !sending && i < tensors.size(); ++i) {
+    torch::Tensor target = tensors[i];  // shares the caller's storage: copy_ writes the caller's tensor
+    target.copy_(torch::from_blob(slot + offsets[i], target.sizes(), target.options()));
   }
 }
 
@@ -215,7 +209,7 @@ CommHook shared_memory_allreduce_hook(ProcessGroup group) {
 BufferBroadcast shared_memory_buffer_broadcast(ProcessGroup group) {
   auto segment = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
   return [group, segment](const std::vector<torch::Tensor>& buffers, int source) {
-    const int64_t bytes = broadcast_bytes(buffers);
+    const int64_t bytes = slot_offsets(buffers).back();
     // Every rank broadcasts the same buffers, so all create (or regrow) the segment at the same call.
     if (!*segment || (*segment)->capacity_bytes() < bytes)
       *segment = std::make_unique<SharedMemoryAllreduce>(group, std::max<int64_t>(bytes, int64_t{64} << 10));

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
-#include <string_view>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -119,31 +118,35 @@ MemoryReport measure_memory(const torch::nn::Module& model, torch::optim::Optimi
   return r;
 }
 
-// The JSON names of the report's fields, one list for writing and reading.
-constexpr std::pair<const char*, int64_t MemoryReport::*> kJsonFields[] = {
-    {"weights", &MemoryReport::weights},
-    {"masters", &MemoryReport::masters},
-    {"gradients", &MemoryReport::gradients},
-    {"optimizer_state", &MemoryReport::optimizer_state},
-    {"data", &MemoryReport::data},
-    {"mapped_data", &MemoryReport::mapped_data},
-    {"other_tensors", &MemoryReport::other_tensors},
-    {"tensors_at_rest", &MemoryReport::tensors_at_rest},
-    {"tensor_peak", &MemoryReport::tensor_peak},
-    {"process_peak", &MemoryReport::process_peak},
-    {"file_backed", &MemoryReport::file_backed}};
+// The JSON names of the report's fields, one list for writing and reading. `optional`: summaries written
+// before the field existed lack it (read as 0); every other field must be there.
+struct JsonField {
+  const char* name;
+  int64_t MemoryReport::* field;
+  bool optional;
+};
+constexpr JsonField kJsonFields[] = {{"weights", &MemoryReport::weights, false},
+                                     {"masters", &MemoryReport::masters, false},
+                                     {"gradients", &MemoryReport::gradients, false},
+                                     {"optimizer_state", &MemoryReport::optimizer_state, false},
+                                     {"data", &MemoryReport::data, false},
+                                     {"mapped_data", &MemoryReport::mapped_data, true},
+                                     {"other_tensors", &MemoryReport::other_tensors, false},
+                                     {"tensors_at_rest", &MemoryReport::tensors_at_rest, false},
+                                     {"tensor_peak", &MemoryReport::tensor_peak, false},
+                                     {"process_peak", &MemoryReport::process_peak, false},
+                                     {"file_backed", &MemoryReport::file_backed, false}};
 
 nlohmann::json to_json(const MemoryReport& r) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [name, field] : kJsonFields) j[name] = r.*field;
+  for (const auto& [name, field, optional] : kJsonFields) j[name] = r.*field;
   return j;
 }
 
 MemoryReport memory_report_from_json(const nlohmann::json& j) {
   MemoryReport r;
-  for (const auto& [name, field] : kJsonFields) {
-    if (j.contains(name) || std::string_view(name) != "mapped_data")  // summaries before mapped data lack it
-      r.*field = j.at(name).get<int64_t>();
+  for (const auto& [name, field, optional] : kJsonFields) {
+    if (!optional || j.contains(name)) r.*field = j.at(name).get<int64_t>();
   }
   return r;
 }

@@ -242,7 +242,6 @@ struct Run {
   StepPhases phases;                         // where this process's step time went
   PhaseClock clock{phases};
   std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
-  int64_t op_window_first = 0;            // phases.steps when it started
   std::optional<OpProfile> ops;
 };
 
@@ -674,11 +673,10 @@ constexpr int64_t kOpWindowFirst = 3, kOpWindowSteps = 20;
 
 void record_operators(Run& run, bool epoch_ended) {
   if (!run.op_recorder) return;
-  const int64_t recorded = run.phases.steps - run.op_window_first;
+  const int64_t recorded = run.phases.steps - kOpWindowFirst;
   if (run.op_recorder->recording() && (recorded == kOpWindowSteps || epoch_ended)) {
     run.ops = run.op_recorder->stop(recorded);
-  } else if (!run.ops && !run.op_recorder->recording() && !epoch_ended && run.phases.steps == kOpWindowFirst) {
-    run.op_window_first = run.phases.steps;
+  } else if (!run.ops && !run.op_recorder->recording() && !epoch_ended && recorded == 0) {
     run.op_recorder->start();
   }
 }
