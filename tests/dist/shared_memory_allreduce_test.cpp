@@ -152,3 +152,21 @@ TEST(SharedMemoryAllreduce, ARankThatStopsIsAnErrorAfterTheTimeoutNotAHang) {
       },
       std::chrono::seconds(2));
 }
+
+TEST(SharedMemoryAllreduce, AnEmptyOrASecondBufferBroadcastIsAClearError) {
+  on_ranks(1, [&](int, const ProcessGroup& pg) {
+    BnNet model;
+    DistributedDataParallel ddp(model, pg);
+    auto message = [&](BufferBroadcast broadcast) -> std::string {
+      try {
+        ddp.register_buffer_broadcast(std::move(broadcast));
+      } catch (const c10::Error& e) {
+        return e.what_without_backtrace();
+      }
+      return "no error";
+    };
+    EXPECT_NE(message({}).find("register_buffer_broadcast got an empty function"), std::string::npos);
+    EXPECT_EQ(message(shared_memory_buffer_broadcast(pg)), "no error");
+    EXPECT_NE(message(shared_memory_buffer_broadcast(pg)).find("can only be called once"), std::string::npos);
+  });
+}

@@ -210,4 +210,32 @@ TEST(AllreduceCli, SharedMemoryAndGlooTrainTheSameModel) {
   ampp_test::expect_same_model(tmp.path() / "shm" / "out" / "model.pt", tmp.path() / "gloo" / "out" / "model.pt");
 }
 
+// Two launchers, as on two machines (AMPP_MACHINE_ID tells ampp they are), each with two workers: the
+// workers of each reduce through shared memory and one per machine through Gloo. The sums are in another
+// order than one machine's (rank order), so the model is the same to rounding (~1e-9 here), not bit for bit.
+TEST(AllreduceCli, TwoMachinesOfTwoWorkersTrainLikeOneMachineOfFour) {
+  ampp_test::TempDir tmp;
+  const std::string train = std::string(AMPP_CLI) +
+                            " train --data synthetic:384 --model cnn --batch-size 32 --steps 6 --deterministic "
+                            "--threads 1 --no-plots --out ";
+  auto r = ampp_test::run_shell(train + (tmp.path() / "one" / "out").string() + " --nproc 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("DDP: 4 workers on this machine reduce through shared memory"), std::string::npos)
+      << r.output;
+  const std::string port = std::to_string(ampp_test::free_port());
+  auto node = [&](int k) {
+    return "AMPP_MACHINE_ID=node" + std::to_string(k) + " " + AMPP_CLI + " run --nnodes 2 --node-rank " +
+           std::to_string(k) + " --nproc-per-node 2 --master-port " + port + " -q -- " + train +
+           (tmp.path() / "two" / "out").string();
+  };
+  const auto node1_log = (tmp.path() / "node1.log").string();
+  r = ampp_test::run_shell("{ " + node(1) + " > " + node1_log + " 2>&1 & } ; " + node(0) + "; code=$?; wait $!; " +
+                           "c1=$?; cat " + node1_log + "; [ $code = 0 ] && [ $c1 = 0 ]");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("DDP: 4 workers on 2 machines reduce through shared memory within each machine"),
+            std::string::npos)
+      << r.output;
+  ampp_test::expect_same_model(tmp.path() / "one" / "out" / "model.pt", tmp.path() / "two" / "out" / "model.pt", 1e-6);
+}
+
 }  // namespace

@@ -4,9 +4,6 @@
 // store on the agent's port and blamed "another job or a leftover process".
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <filesystem>
 
@@ -16,18 +13,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // torchrun itself must work: Debian 12's python3-torch 1.13 under Python 3.11 fails before starting
 // any worker (AttributeError in elastic's to_map), even for /bin/true.
@@ -50,10 +35,10 @@ TEST(TrainUnderTorchrun, DefaultStandaloneAndC10dModesTrainTheSameModelAsAmppsLa
   ampp_test::TempDir reference;
   auto r = ampp_test::run_ampp(train_flags(reference.path()) + " --nproc 2");
   ASSERT_EQ(r.code, 0) << r.output;
-  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ampp_test::free_port());
   // Underscored flags: torchrun 1.13 knows no other spelling.
   const std::vector<std::pair<std::string, std::string>> modes{
-      {"default (agent store)", "--master_addr 127.0.0.1 --master_port " + std::to_string(free_port())},
+      {"default (agent store)", "--master_addr 127.0.0.1 --master_port " + std::to_string(ampp_test::free_port())},
       {"standalone", "--standalone"},
       {"c10d rendezvous", "--rdzv_backend c10d --rdzv_endpoint " + endpoint + " --rdzv_id ampp-test"},
   };

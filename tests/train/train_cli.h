@@ -1,9 +1,13 @@
 #pragma once
 // Helpers for the suites that drive the built `ampp` binary (AMPP_CLI): run it, a small fast run's
-// flags, and a tensor-by-tensor comparison of two model.pt files.
+// flags, a tensor-by-tensor comparison of two model.pt files, a free port.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -63,7 +67,8 @@ inline void collect_tensors(torch::serialize::InputArchive& archive, const std::
   }
 }
 
-inline void expect_same_model(const fs::path& a, const fs::path& b) {
+// `tolerance` 0: bit for bit; otherwise every element within tolerance (relative and absolute).
+inline void expect_same_model(const fs::path& a, const fs::path& b, double tolerance = 0.0) {
   auto load = [](const fs::path& p) {
     torch::serialize::InputArchive in;
     in.load_from(p.string());
@@ -77,8 +82,25 @@ inline void expect_same_model(const fs::path& a, const fs::path& b) {
   for (const auto& [key, tensor] : ta) {
     ASSERT_EQ(tb.count(key), 1u) << key;
     EXPECT_EQ(tensor.scalar_type(), tb.at(key).scalar_type()) << key;
-    EXPECT_TRUE(torch::equal(tensor, tb.at(key))) << key;
+    if (tolerance == 0.0)
+      EXPECT_TRUE(torch::equal(tensor, tb.at(key))) << key;
+    else
+      EXPECT_TRUE(torch::allclose(tensor.to(torch::kDouble), tb.at(key).to(torch::kDouble), tolerance, tolerance))
+          << key << ": largest difference " << (tensor.to(torch::kDouble) - tb.at(key)).abs().max().item<double>();
   }
+}
+
+// A port the kernel just handed out on 127.0.0.1 (closed again; tiny race, fine for tests).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace ampp_test

@@ -86,8 +86,8 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
                "BatchNorm statistics over the global batch of all workers (SyncBatchNorm), not each worker's share");
   sub.add_flag_callback(
       "--gloo-allreduce", [&o] { o.shared_memory_allreduce(false); },
-      "workers on one machine reduce gradients and broadcast buffers through Gloo's loopback TCP instead of shared "
-      "memory");
+      "workers reduce gradients and broadcast buffers all through Gloo's TCP, instead of through shared memory among "
+      "the workers of each machine (and Gloo only between machines)");
   sub.add_flag_callback(
       "--nchw", [&o] { o.channels_last(false); },
       "keep cnn and resnet activations in NCHW order instead of channels-last (slower CPU kernels; for comparison)");

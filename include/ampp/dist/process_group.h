@@ -1,10 +1,13 @@
 #pragma once
 // Process groups for ampp::dist: rendezvous (env://, tcp://, file://) on c10d stores and a c10d
 // backend (Gloo on CPU). Mirrors torch.distributed.init_process_group.
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -60,6 +63,7 @@ class ProcessGroup {
   void barrier() const;
 
  private:
+  friend ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks);
   const State& state() const;
   std::shared_ptr<const State> state_;
 };
@@ -73,6 +77,12 @@ struct ProcessGroup::State {
   int local_rank = 0;
   int local_size = 1;
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  // A backend like this group's (same kind, devices, timeout and checks) for `size` ranks meeting in
+  // `store`: how new_group builds subgroups. Empty for wrap_process_group's groups.
+  std::function<c10::intrusive_ptr<c10d::ProcessGroup>(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                       int size)>
+      make_backend;
+  mutable std::atomic<int> subgroups_made{0};  // new_group's count, which names each subgroup's keys
 };
 
 // Rendezvous and create the group; see InitOptions. Errors name the missing/malformed setting and
@@ -82,6 +92,13 @@ ProcessGroup init_process_group(const InitOptions& options = {});
 // Wrap an existing c10d group (e.g. built by hand on a c10d::HashStore) without rendezvous.
 ProcessGroup wrap_process_group(c10::intrusive_ptr<c10d::ProcessGroup> pg, c10::intrusive_ptr<c10d::Store> store = {},
                                 std::chrono::milliseconds timeout = kDefaultTimeout);
+
+// torch.distributed.new_group: a group of some of `parent`'s ranks (each at most once, any order), numbered
+// in ascending order of their rank in `parent`, with parent's backend, devices and timeout. A collective
+// over `parent`: every rank of it calls new_group, its new_group calls in the same order (they are numbered
+// to keep their keys in the store apart). A rank not in `ranks` gets an empty ProcessGroup. In the new
+// group local_rank()/local_size() equal rank()/size().
+ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks);
 
 bool is_initialized();
 // The default group; error if init_process_group() has not been called.

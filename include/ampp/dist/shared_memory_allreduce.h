@@ -33,11 +33,22 @@ class SharedMemoryAllreduce {
   // barrier. The same calling rules as sum_ (every rank, same order, same sizes and dtypes).
   void broadcast_(const std::vector<torch::Tensor>& tensors, int root);
   int64_t capacity_bytes() const;
+  // The bytes broadcast_ needs for `tensors` (each starts on a cache line).
+  static int64_t broadcast_bytes(const std::vector<torch::Tensor>& tensors);
 
  private:
   struct Segment;
   std::unique_ptr<Segment> segment_;
 };
+
+// The smallest segments the DDP hooks make: few regrowths for gradient buckets, room for BatchNorm buffers.
+inline constexpr int64_t kMinimumBucketSegment = int64_t{1} << 20;
+inline constexpr int64_t kMinimumBufferSegment = int64_t{64} << 10;
+
+// `segment` made, or remade larger, to hold `bytes` (at least `minimum_bytes` when made): a collective over
+// `group` whenever it makes one, so call it where every rank asks for the same sizes in the same order.
+SharedMemoryAllreduce& sized_segment(std::unique_ptr<SharedMemoryAllreduce>& segment, const ProcessGroup& group,
+                                     int64_t bytes, int64_t minimum_bytes);
 
 // DDP's default reduction (divide by the world size, sum) through a SharedMemoryAllreduce sized on
 // first use and regrown, on every rank alike, for a larger bucket. Completes before it returns (no

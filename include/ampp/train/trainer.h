@@ -55,9 +55,9 @@ struct TrainOptions {
   // With several workers: each keeps the SGD momentum of its shard of the parameters only
   // (ampp::dist::ZeroRedundancyOptimizer); checkpoints hold the whole state, as without it.
   TORCH_ARG(bool, zero) = false;
-  // With several workers all on this machine: DDP's gradient allreduce and per-forward buffer broadcast
-  // through shared memory (ampp::dist::shared_memory_allreduce_hook, shared_memory_buffer_broadcast)
-  // instead of Gloo's loopback TCP; the same gradients and buffers.
+  // With several workers: DDP's gradient allreduce and per-forward buffer broadcast through shared memory
+  // among the workers of each machine, and Gloo only between one worker per machine
+  // (ampp::dist::hierarchical_allreduce_hook, hierarchical_buffer_broadcast); false: Gloo for all.
   TORCH_ARG(bool, shared_memory_allreduce) = true;
   // MNIST-format images mapped from a file that the workers of this machine share (one copy of the pixels
   // per machine, not per worker; gzip files are decompressed once into ampp::user_cache_dir()/datasets);

@@ -416,24 +416,29 @@ c10::intrusive_ptr<c10d::Store> open_store(const Membership& m, std::chrono::mil
   return store;
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> connect_backend(const InitOptions& options, const Membership& m,
-                                                       const c10::intrusive_ptr<c10d::Store>& store,
-                                                       const std::string& device_address) {
+// Builds this rank's backend for any group of the job: the default one and new_group's subgroups.
+using BackendMaker =
+    std::function<c10::intrusive_ptr<c10d::ProcessGroup>(const c10::intrusive_ptr<c10d::Store>&, int rank, int size)>;
+
+BackendMaker backend_maker(const InitOptions& options, const std::string& device_address) {
   std::string interface = options.interface();
   if (interface.empty())
     if (const char* v = getenv_nonempty("GLOO_SOCKET_IFNAME")) interface = v;
-  auto backend_store = c10::make_intrusive<c10d::PrefixStore>("ampp/pg/default", store);
-  try {
-    return make_backend(options.backend(), backend_store, static_cast<int>(m.rank), static_cast<int>(m.world),
-                        options.timeout(), device_address, interface, checks_collectives(options));
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", m.rank, " could not connect the ", options.backend(),
-                " backend to its peers within ", seconds(options.timeout()), " (address ",
-                device_address.empty() ? std::string("default") : device_address,
-                "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ", e.what());
-  }
+  const bool checks = checks_collectives(options);
+  return [options, device_address, interface, checks](const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                      int size) {
+    try {
+      return make_backend(options.backend(), store, rank, size, options.timeout(), device_address, interface, checks);
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(
+          false, "ampp::dist::init_process_group: rank ", rank, " could not connect the ", options.backend(),
+          " backend to its peers within ", seconds(options.timeout()), " (address ",
+          device_address.empty() ? std::string("default") : device_address,
+          "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ", e.what());
+    }
+  };
 }
 
 void check_init_options(const InitOptions& options) {
@@ -457,7 +462,9 @@ ProcessGroup init_process_group(const InitOptions& options) {
   std::string device_address;
   auto store = open_store(m, options.timeout(), device_address);
   check_membership(*store, static_cast<int>(m.rank), static_cast<int>(m.world), options.timeout());
-  auto pg = connect_backend(options, m, store, device_address);
+  auto make = backend_maker(options, device_address);
+  auto pg = make(c10::make_intrusive<c10d::PrefixStore>("ampp/pg/default", store), static_cast<int>(m.rank),
+                 static_cast<int>(m.world));
 
   auto state = std::make_shared<ProcessGroup::State>();
   state->pg = pg;
@@ -468,6 +475,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
   state->local_rank = static_cast<int>(m.local_rank);
   state->local_size = static_cast<int>(m.local_size);
   state->timeout = options.timeout();
+  state->make_backend = std::move(make);
   ProcessGroup group(std::move(state));
   set_log_rank(group.rank());
   log_info("process group ready: backend={} rank={}/{} init_method={}", group.backend(), group.rank(), group.size(),

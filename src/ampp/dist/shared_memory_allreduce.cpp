@@ -150,6 +150,17 @@ SharedMemoryAllreduce::~SharedMemoryAllreduce() = default;
 
 int64_t SharedMemoryAllreduce::capacity_bytes() const { return segment_->capacity; }
 
+int64_t SharedMemoryAllreduce::broadcast_bytes(const std::vector<torch::Tensor>& tensors) {
+  return slot_offsets(tensors).back();
+}
+
+SharedMemoryAllreduce& sized_segment(std::unique_ptr<SharedMemoryAllreduce>& segment, const ProcessGroup& group,
+                                     int64_t bytes, int64_t minimum_bytes) {
+  if (!segment || segment->capacity_bytes() < bytes)
+    segment = std::make_unique<SharedMemoryAllreduce>(group, std::max(bytes, minimum_bytes));
+  return *segment;
+}
+
 void SharedMemoryAllreduce::sum_(torch::Tensor& tensor) {
   Segment& s = *segment_;
   TORCH_CHECK(tensor.is_contiguous() && tensor.device().is_cpu(),
@@ -192,16 +203,14 @@ void SharedMemoryAllreduce::broadcast_(const std::vector<torch::Tensor>& tensors
 }
 
 CommHook shared_memory_allreduce_hook(ProcessGroup group) {
-  auto reducer = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
-  return [group, reducer](GradBucket& bucket) {
+  auto segment = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
+  return [group, segment](GradBucket& bucket) {
     torch::NoGradGuard no_grad;
     torch::Tensor buffer = bucket.buffer();
-    const int64_t bytes = buffer.numel() * buffer.element_size();
     // Every rank sees the same buckets in the same order, so all regrow at the same call.
-    if (!*reducer || (*reducer)->capacity_bytes() < bytes)
-      *reducer = std::make_unique<SharedMemoryAllreduce>(group, std::max<int64_t>(bytes, int64_t{1} << 20));
+    auto& shm = sized_segment(*segment, group, buffer.numel() * buffer.element_size(), kMinimumBucketSegment);
     buffer.div_(group.size());
-    (*reducer)->sum_(buffer);
+    shm.sum_(buffer);
     return completed_future(buffer);
   };
 }
@@ -209,11 +218,9 @@ CommHook shared_memory_allreduce_hook(ProcessGroup group) {
 BufferBroadcast shared_memory_buffer_broadcast(ProcessGroup group) {
   auto segment = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
   return [group, segment](const std::vector<torch::Tensor>& buffers, int source) {
-    const int64_t bytes = slot_offsets(buffers).back();
     // Every rank broadcasts the same buffers, so all create (or regrow) the segment at the same call.
-    if (!*segment || (*segment)->capacity_bytes() < bytes)
-      *segment = std::make_unique<SharedMemoryAllreduce>(group, std::max<int64_t>(bytes, int64_t{64} << 10));
-    (*segment)->broadcast_(buffers, source);
+    sized_segment(*segment, group, SharedMemoryAllreduce::broadcast_bytes(buffers), kMinimumBufferSegment)
+        .broadcast_(buffers, source);
   };
 }
 

@@ -3,9 +3,9 @@
 #include <ampp/amp/initialize.h>
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/heartbeat.h>
+#include <ampp/dist/hierarchical_allreduce.h>
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sampler.h>
-#include <ampp/dist/shared_memory_allreduce.h>
 #include <ampp/dist/sync_batch_norm.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
 #include <ampp/numerics/unscale.h>
@@ -220,9 +220,10 @@ struct Run {
   detail::BufferGuard buffer_guard;
   dist::DistributedSampler sampler;
   std::optional<Ddp> ddp;
-  std::string checkpoint;  // "" = no checkpoints
-  RunPosition position;    // epoch/batch to start from; elapsed = seconds before this process
-  EpochSums sums;          // the current epoch's running sums (this rank's; global totals on rank 0 after a save)
+  std::string communication;  // how DDP's workers reduce, said after the run's first line
+  std::string checkpoint;     // "" = no checkpoints
+  RunPosition position;       // epoch/batch to start from; elapsed = seconds before this process
+  EpochSums sums;             // the current epoch's running sums (this rank's; global totals on rank 0 after a save)
   bool resumed = false;
   std::optional<MetricsWriter> metrics;
   std::optional<TensorBoardWriter> tensorboard;  // rank 0, TrainOptions::tensorboard
@@ -780,6 +781,7 @@ void open_outputs(Run& run) {
   run.say(fmt::format("ampp train: {} on {}; {}; {} worker(s) x {} images/batch, {} thread(s) each", run.o.model(),
                       run.data.description, precision_label(run.o, run.amp), run.workers.world, run.per_rank_batch,
                       run.workers.threads));
+  if (!run.communication.empty()) run.say(run.communication);
 }
 
 // model.pt is written in FP32 so that a freshly built model loads it: under O2/O3 the trained
@@ -866,14 +868,24 @@ void write_outputs(Run& run, const Summary& summary) {
         fmt::format("tensorboard: {} (view: tensorboard --logdir {})", run.tensorboard->path(), run.o.tensorboard()));
 }
 
-// DDP over the workers; when they all run on this machine, its allreduce goes through shared memory.
+// DDP over the workers; the workers of each machine reduce through shared memory, and only one per machine
+// talks to the other machines.
 void start_ddp(Run& run) {
   run.ddp.emplace(run.model, run.workers.pg);
-  const auto& pg = run.workers.pg;
-  if (run.o.shared_memory_allreduce() && pg.local_size() == pg.size()) {
-    run.ddp->register_comm_hook(dist::shared_memory_allreduce_hook(pg));
-    run.ddp->register_buffer_broadcast(dist::shared_memory_buffer_broadcast(pg));
+  if (!run.o.shared_memory_allreduce()) {
+    run.communication = fmt::format("DDP: {} workers reduce through Gloo (--gloo-allreduce)", run.workers.world);
+    return;
   }
+  const auto machines = dist::group_by_machine(run.workers.pg);
+  run.ddp->register_comm_hook(dist::hierarchical_allreduce_hook(machines));
+  run.ddp->register_buffer_broadcast(dist::hierarchical_buffer_broadcast(machines));
+  run.communication =
+      machines.machines() == 1
+          ? fmt::format("DDP: {} workers on this machine reduce through shared memory", run.workers.world)
+          : fmt::format(
+                "DDP: {} workers on {} machines reduce through shared memory within each machine and "
+                "through Gloo between one worker per machine",
+                run.workers.world, machines.machines());
 }
 
 // ---- a finished run, resumed ----
