@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
-from train_cnn import FASHION_MNIST, Cnn, activation_layout, pixel_statistics, read_idx, train_step  # noqa: E402  (ampp train's CNN and step, defined once)
+from train_cnn import FASHION_MNIST, Cnn, input_layout, pixel_statistics, read_idx, train_step  # noqa: E402  (ampp train's CNN and step, defined once)
 
 
 class Mlp(nn.Module):
@@ -70,7 +70,7 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(64, classes)
 
     def forward(self, x):
-        x = torch.relu(self.bn(activation_layout(self.stem(x), self.channels_last)))
+        x = torch.relu(self.bn(self.stem(input_layout(x, self.channels_last))))
         x = self.layer3(self.layer2(self.layer1(x)))
         return self.fc(x.mean((2, 3)))
 

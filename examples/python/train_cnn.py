@@ -25,15 +25,20 @@ from torch.utils.data.distributed import DistributedSampler
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def activation_layout(x, channels_last):
-    """ampp's ModelOptions::channels_last: the first convolution's output (and, through oneDNN, every
-    activation after it) in channels-last order."""
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+def input_layout(x, channels_last):
+    """ampp's ModelOptions::channels_last: the input in channels-last order, so that every activation from the
+    first convolution on is channels-last. A [N, 1, H, W] tensor is contiguous in both orders: only its strides
+    tell oneDNN which is meant, so it is restrided (a view), as ampp does."""
+    if not channels_last or x.dim() != 4:
+        return x
+    if x.shape[1] == 1 and x.is_contiguous():
+        return x.as_strided(x.shape, (x.shape[2] * x.shape[3], 1, x.shape[3], 1))
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 class Cnn(nn.Module):
     """ampp::train::make_model("cnn"): the same modules under the same names, and the same activation layout
-    (ModelOptions::channels_last: channels-last from the first convolution on, the layout LibTorch's CPU
+    (ModelOptions::channels_last: channels-last from the input on, the layout LibTorch's CPU
     max-pool and BatchNorm kernels are fast in; the same kernels as ampp's, so the same bits)."""
 
     def __init__(self, classes=10, channels_last=True):
@@ -47,7 +52,7 @@ class Cnn(nn.Module):
         self.fc2 = nn.Linear(128, classes)
 
     def forward(self, x):
-        x = torch.max_pool2d(torch.relu(self.bn1(activation_layout(self.conv1(x), self.channels_last))), 2)
+        x = torch.max_pool2d(torch.relu(self.bn1(self.conv1(input_layout(x, self.channels_last)))), 2)
         x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 

@@ -20,7 +20,7 @@ struct ModelOptions {
   TORCH_ARG(int64_t, num_classes) = 10;
   // ampp::dist::SyncBatchNorm in place of BatchNorm2d (same parameter and buffer names).
   TORCH_ARG(bool, sync_batch_norm) = false;
-  // cnn and resnet: activations in channels-last (NHWC) order from the first convolution on. LibTorch's CPU
+  // cnn and resnet: the input, and so every activation, in channels-last (NHWC) order. LibTorch's CPU
   // kernels are vectorised over channels in that order: max_pool2d_with_indices (training's max-pool) is
   // 8x faster than in NCHW on 16x28x28 maps here, the whole CNN step 1.2-1.4x (docs/benchmarks.md). The
   // same computation; kernels may round differently. Parameters keep their layout.

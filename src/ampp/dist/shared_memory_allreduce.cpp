@@ -174,7 +174,13 @@ void SharedMemoryAllreduce::sum_(torch::Tensor& tensor) {
   torch::NoGradGuard no_grad;
   // In rank order, so every rank computes the same bits; 16-bit floats accumulate in fp32 (one rounding).
   const bool widen = tensor.scalar_type() == torch::kBFloat16 || tensor.scalar_type() == torch::kHalf;
-  torch::Tensor total = widen ? view(0).to(torch::kFloat32) : view(0).clone();
+  if (!widen) {  // straight into the caller's tensor: no temporary, no copy back
+    if (s.group.size() == 1) return;
+    torch::add_out(tensor, view(0), view(1));
+    for (int r = 2; r < s.group.size(); ++r) tensor.add_(view(r));
+    return;
+  }
+  torch::Tensor total = view(0).to(torch::kFloat32);
   for (int r = 1; r < s.group.size(); ++r) total.add_(view(r));
   tensor.copy_(total);
 }

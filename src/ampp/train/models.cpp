@@ -30,11 +30,16 @@ struct MlpImpl : ClassifierImpl {
   nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
-// ModelOptions::channels_last: the first convolution's output, and so every activation after it (oneDNN's
-// convolutions keep the layout of their input), in channels-last order. A [N, 1, H, W] input is both layouts
-// at once, so converting it would not change the convolution's output.
-torch::Tensor activation_layout(const torch::Tensor& x, bool channels_last) {
-  return channels_last ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
+// ModelOptions::channels_last: the input in channels-last order, so that the first convolution's output, and
+// every activation after it (oneDNN's convolutions keep the layout of their input), is channels-last too, in
+// the forward pass and in the backward one. A [N, 1, H, W] tensor is contiguous in both orders and only its
+// strides tell oneDNN which one is meant, so it is restrided (a view: no copy); `contiguous(ChannelsLast)`
+// would leave it as it is. Converting the first convolution's output instead cost a copy of that activation
+// forward and of its gradient backward (2.6 of 24 ms per bf16 CNN step at batch 128).
+torch::Tensor input_layout(const torch::Tensor& x, bool channels_last) {
+  if (!channels_last || x.dim() != 4) return x;
+  if (x.size(1) == 1 && x.is_contiguous()) return x.as_strided(x.sizes(), {x.size(2) * x.size(3), 1, x.size(3), 1});
+  return x.contiguous(torch::MemoryFormat::ChannelsLast);
 }
 
 // conv3x3(16)-BN-ReLU-pool, conv3x3(32)-BN-ReLU-pool, fc128, fc10. Small enough for a
@@ -51,7 +56,7 @@ struct CnnImpl : ClassifierImpl {
     fc2 = register_module("fc2", nn::Linear(128, o.num_classes()));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::max_pool2d(torch::relu(bn1.forward(activation_layout(conv1->forward(x), channels_last))), 2);
+    x = torch::max_pool2d(torch::relu(bn1.forward(conv1->forward(input_layout(x, channels_last)))), 2);
     x = torch::max_pool2d(torch::relu(bn2.forward(conv2->forward(x))), 2);
     x = torch::relu(fc1->forward(x.flatten(1)));
     return fc2->forward(x);
@@ -101,7 +106,7 @@ struct ResNetImpl : ClassifierImpl {
     fc = register_module("fc", nn::Linear(64, o.num_classes()));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(bn.forward(activation_layout(stem->forward(x), channels_last)));
+    x = torch::relu(bn.forward(stem->forward(input_layout(x, channels_last))));
     x = layer3->forward(layer2->forward(layer1->forward(x)));
     return fc->forward(x.mean({2, 3}));
   }
