@@ -1,9 +1,13 @@
 #pragma once
 // What every test suite shares, in one namespace (ampp_test): a temporary folder, a snapshot of
-// tensors, bit-exact comparison, and one way to assert an error message.
+// tensors, bit-exact comparison, one way to assert an error message, and a free port.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <exception>
@@ -32,6 +36,19 @@
   } while (0)
 
 namespace ampp_test {
+
+// A port the kernel just handed out on 127.0.0.1 (closed again; tiny race, fine for tests).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
 
 // The message of the error `fn` throws, or "<no error>": for several checks on one error, or to
 // check that a call does not throw. A single expectation reads better as AMPP_EXPECT_THROW_WITH.

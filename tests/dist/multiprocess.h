@@ -4,10 +4,7 @@
 // code; a child that does not finish within the deadline is killed and reported.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,22 +20,10 @@
 
 #include <ampp/dist/process_group.h>
 
+#include "ampp_test.h"
+
 namespace ampp_test {
 using namespace ampp::dist;
-
-// A port the kernel just handed out on 127.0.0.1 (closed again; tiny race, fine for tests).
-inline int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct RankResult {
   int exit_code = -1;

@@ -1,13 +1,9 @@
 #pragma once
 // Helpers for the suites that drive the built `ampp` binary (AMPP_CLI): run it, a small fast run's
-// flags, a tensor-by-tensor comparison of two model.pt files, a free port.
-#include <arpa/inet.h>
+// flags, and a tensor-by-tensor comparison of two model.pt files.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -88,19 +84,6 @@ inline void expect_same_model(const fs::path& a, const fs::path& b, double toler
       EXPECT_TRUE(torch::allclose(tensor.to(torch::kDouble), tb.at(key).to(torch::kDouble), tolerance, tolerance))
           << key << ": largest difference " << (tensor.to(torch::kDouble) - tb.at(key)).abs().max().item<double>();
   }
-}
-
-// A port the kernel just handed out on 127.0.0.1 (closed again; tiny race, fine for tests).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 }  // namespace ampp_test
