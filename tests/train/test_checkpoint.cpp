@@ -1,4 +1,5 @@
 // Checkpoint container: round trip, atomic replacement, truncation/corruption detection.
+#include <ampp/amp/initialize.h>
 #include <ampp/train/checkpoint.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -110,4 +111,23 @@ TEST(Checkpoint, RngStateRoundTrip) {
   set_rng_state(state);
   auto b = torch::rand({4});
   EXPECT_TRUE(torch::equal(a, b));
+}
+
+// Before: a checkpoint with a valid CRC and global_step -1 matched the test-only kill hook's "off"
+// value, and the process SIGKILLed itself with no message.
+TEST(Checkpoint, AnImpossiblePositionIsAClearError) {
+  ampp_test::TempDir tmp;
+  auto model = torch::nn::Linear(2, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  ampp::Amp amp = ampp::initialize(model, sgd);
+  ampp::dist::DistributedSampler sampler(8, ampp::dist::DistributedSamplerOptions().num_replicas(1).rank(0));
+  const TrainingObjects objects{*model, sgd, amp, sampler};
+  for (const int64_t step : {int64_t{-1}, int64_t{5}}) {
+    RunPosition position;
+    position.global_step = step;
+    position.skipped_total = 6;  // more than 5 steps taken: impossible too
+    const fs::path path = tmp.path() / "checkpoint.ampp";
+    save_training_checkpoint(path.string(), objects, position);
+    AMPP_EXPECT_THROW_WITH(TrainingCheckpoint{path.string()}, "its position is impossible");
+  }
 }

@@ -109,7 +109,7 @@ TEST(DoctorCli, TheFirstSkippedStepIsReplayedToFindWhereTheInfWasBorn) {
   EXPECT_EQ(found.at("step"), 1);
   EXPECT_THAT(found.at("origin").get<std::string>(), HasSubstr("Backward")) << found.dump();
   EXPECT_THAT(found.at("origin").get<std::string>(), HasSubstr("Half")) << found.dump();
-  r = ampp_test::run_shell("AMPP_TRAIN_TEST_INF_AT=2:0 " + std::string(AMPP_CLI) + " doctor " + kSmall +
+  r = ampp_test::run_shell("AMPP_TRAIN_TEST_INF_AT=2:0 " + std::string(AMPP_FAULTS_CLI) + " doctor " + kSmall +
                            "--steps 3 --no-plots --out " + injected.string());
   ASSERT_EQ(r.code, 0) << r.output;
   const auto none = read_json(injected / "doctor.json").at("first_non_finite");

@@ -155,7 +155,7 @@ TEST(TrainCli, MidEpochResumeIsBitIdentical) {
 TEST(TrainCli, WarmupCountsOnlyTheStepsTaken) {
   ampp_test::TempDir tmp;
   const auto r = ampp_test::run_shell(
-      std::string("AMPP_TRAIN_TEST_INF_AT=2:0 ") + AMPP_CLI + " " +
+      std::string("AMPP_TRAIN_TEST_INF_AT=2:0 ") + AMPP_FAULTS_CLI + " " +
       small_run(tmp.path(), "--nproc 1 --steps 7 --log-every 1 --lr 0.1 --warmup-steps 4 --opt-level O1 --dtype bf16"));
   ASSERT_EQ(r.code, 0) << r.output;
   int64_t taken = 0, records = 0;
@@ -175,7 +175,7 @@ TEST(TrainCli, WarmupCountsOnlyTheStepsTaken) {
 // middle of its warmup, with a skipped step before the stop, resumes to the same model bit for bit.
 TEST(TrainCli, ResumeInTheMiddleOfTheWarmupIsBitIdentical) {
   ampp_test::TempDir straight, split;
-  const std::string env = std::string("AMPP_TRAIN_TEST_INF_AT=3:0 ") + AMPP_CLI + " ";
+  const std::string env = std::string("AMPP_TRAIN_TEST_INF_AT=3:0 ") + AMPP_FAULTS_CLI + " ";
   const std::string flags = "--nproc 1 --epochs 1 --opt-level O1 --dtype fp16 --warmup-steps 9";
   ASSERT_EQ(ampp_test::run_shell(env + small_run(straight.path(), flags)).code, 0);
   auto r = ampp_test::run_shell(env + small_run(split.path(), flags + " --steps 5"));
@@ -208,7 +208,7 @@ TEST(TrainCli, KilledWorkerUnderMaxRestartsRecoversToTheSameParameters) {
   ASSERT_EQ(r.code, 0) << r.output;
   // AMPP_TRAIN_TEST_KILL_AT_STEP makes rank 1 SIGKILL itself at that step in the first attempt only.
   r = run_ampp("run --nproc-per-node 2 --max-restarts 1 -- env AMPP_TRAIN_TEST_KILL_AT_STEP=18 " +
-               std::string(AMPP_CLI) + " " + small_run(killed.path(), flags));
+               std::string(AMPP_FAULTS_CLI) + " " + small_run(killed.path(), flags));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the worker group"), std::string::npos) << r.output;  // it really was killed
   expect_same_model(straight.path() / "out" / "model.pt", killed.path() / "out" / "model.pt");

@@ -65,7 +65,7 @@ TEST(TrainReliability, ADivergedRunStopsWithTheReasonAtEveryOptLevel) {
 // and the skipped step's record names every parameter by its module path.
 TEST(TrainReliability, ASkippedStepNamesTheParametersWhoseGradientsOverflowed) {
   ampp_test::TempDir tmp;
-  const auto r = ampp_test::run_shell(std::string("AMPP_TRAIN_TEST_INF_AT=3:0 ") + AMPP_CLI + " " +
+  const auto r = ampp_test::run_shell(std::string("AMPP_TRAIN_TEST_INF_AT=3:0 ") + AMPP_FAULTS_CLI + " " +
                                       small_run(tmp.path(), "--nproc 1 --steps 4 --opt-level O1 --dtype fp16"));
   ASSERT_EQ(r.code, 0) << r.output;
   int skipped = 0;
@@ -96,6 +96,55 @@ TEST(TrainReliability, NoNaNReachesTheWeightsOrTheBatchNormStatisticsOfADiverged
   ampp_test::collect_tensors(model, "", tensors);
   ASSERT_FALSE(tensors.empty());
   for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << name;
+}
+
+// Before: exit 0 and a model.pt with a NaN test loss, when the run was too short for a streak of
+// max_consecutive_skips (19 of 20 steps skipped), or one finite step broke the streak (26 of 31
+// skipped at O2 bf16, weights up to 1.9e25).
+TEST(TrainReliability, ShortRunsAndBrokenStreaksThatDivergeFail) {
+  for (const std::string flags : {"--lr 1e30 --steps 20", "--opt-level O2 --dtype bf16 --lr 1e4 --steps 40"}) {
+    ampp_test::TempDir tmp;
+    // The command: the mlp on 2,000 synthetic images.
+    const auto r =
+        run_ampp("train --data synthetic:2000 --model mlp --epochs 10 --nproc 1 --quiet --no-plots --out " +
+                 (tmp.path() / "out").string() + " --checkpoint-dir " + (tmp.path() / "ckpt").string() + " " + flags);
+    EXPECT_EQ(r.code, 1) << flags << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr("the run diverged: ")) << flags;
+    EXPECT_FALSE(fs::exists(tmp.path() / "out" / "model.pt")) << flags;
+    EXPECT_FALSE(fs::exists(tmp.path() / "out" / "summary.json")) << flags;
+    const fs::path ckpt = tmp.path() / "ckpt" / "checkpoint.ampp";
+    if (!fs::exists(ckpt)) continue;  // no checkpoint was written: none holds non-finite weights
+    torch::serialize::InputArchive archive, model;
+    ampp::train::load_checkpoint(archive, ckpt.string());
+    archive.read("model", model);
+    std::map<std::string, torch::Tensor> tensors;
+    ampp_test::collect_tensors(model, "", tensors);
+    for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << flags << " " << name;
+  }
+}
+
+// One taken step between streaks does not hide a run that skips most of its steps: more than L of
+// the last 2L steps skipped is divergence too (L = --max-consecutive-skips).
+TEST(TrainReliability, AStreakBrokenByOneFiniteStepIsStillDivergence) {
+  ampp_test::TempDir tmp;
+  const auto r = ampp_test::run_shell(
+      std::string("AMPP_TRAIN_TEST_INF_AT=1:0,2:0,3:0,5:0,6:0 ") + AMPP_FAULTS_CLI + " " +
+      small_run(tmp.path(), "--nproc 1 --steps 10 --max-consecutive-skips 4 --opt-level O1 --dtype bf16"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the run diverged: 5 of the last 6 steps (to step 6) had inf/NaN gradients"));
+  EXPECT_FALSE(fs::exists(tmp.path() / "out" / "model.pt"));
+}
+
+// The fault-injection hooks of the tests are not in the shipped binary: its environment and files
+// cannot reach them.
+TEST(TrainReliability, TheShippedBinaryHasNoFaultInjection) {
+  ampp_test::TempDir tmp;
+  const auto r = ampp_test::run_shell(
+      std::string("AMPP_TRAIN_TEST_INF_AT=2:0 AMPP_TRAIN_TEST_KILL_AT_STEP=3 AMPP_TRAIN_TEST_KILL_IN_SAVE=1 ") +
+      AMPP_CLI + " " + small_run(tmp.path(), "--nproc 1 --steps 4 --log-every 1 --opt-level O1 --dtype bf16"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const auto& step : records_of_type(tmp.path() / "out" / "metrics.jsonl", "step"))
+    EXPECT_FALSE(step["skipped"].get<bool>()) << step.dump();
 }
 
 TEST(TrainReliability, MaxConsecutiveSkipsZeroNeverStops) {
@@ -215,7 +264,7 @@ TEST(TrainReliability, ResumingWithAnotherLossScaleIsRefused) {
 // Before: a stopped worker cost 30 minutes, then rank 0 was blamed for a Gloo timeout.
 TEST(TrainReliability, AStoppedWorkerIsNamedByTheStallWatch) {
   ampp_test::TempDir tmp;
-  const auto r = ampp_test::run_shell("env AMPP_TRAIN_TEST_STOP_AT_STEP=5 " + std::string(AMPP_CLI) + " " +
+  const auto r = ampp_test::run_shell("env AMPP_TRAIN_TEST_STOP_AT_STEP=5 " + std::string(AMPP_FAULTS_CLI) + " " +
                                       small_run(tmp.path(), "--nproc 2 --epochs 3 --stall-timeout 3 --timeout 600"));
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("worker rank 1 (local rank 1, pid ")) << r.output;

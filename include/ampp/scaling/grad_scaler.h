@@ -203,4 +203,10 @@ class GradScaler {
 /// order the scaler found them (parameters of other modules, e.g. FP32 master copies, are left out).
 std::vector<std::string> overflowed_parameter_names(const GradScaler& scaler, const torch::nn::Module& module);
 
+/// A number from a GradScaler state dict, as PyTorch's load_state_dict takes it (it fill_()s a tensor
+/// with it): a float, an int or a one-element tensor; anything else is an error naming `key`.
+double state_number(const c10::IValue& value, const char* key);
+/// state_number() that must be a whole number >= 0 (growth_interval, _growth_tracker, counters).
+int64_t state_count(const c10::IValue& value, const char* key);
+
 }  // namespace ampp

@@ -2,9 +2,13 @@
 #include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/optimizer_compat.h>
+#include <ampp/util/parse_number.h>
 
 #include "ordered_dict_pickle.h"
+#include "pickle_guard.h"
+#include "zip_records.h"
 
+#include <ATen/EmptyTensor.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
@@ -17,6 +21,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -151,9 +156,25 @@ std::string shape_text(c10::IntArrayRef sizes) {
   return s.str();
 }
 
+// Typed reads of loaded values: a wrong type is one line naming the entry, not an IValue assertion.
 Dict as_dict(const c10::IValue& v, const char* what) {
   TORCH_CHECK(v.isGenericDict(), what, " must be a dict, got ", v.tagKind());
   return v.toGenericDict();
+}
+
+c10::List<c10::IValue> as_list(const c10::IValue& v, const char* what) {
+  TORCH_CHECK(v.isList(), what, " must be a list, got ", v.tagKind());
+  return v.toList();
+}
+
+int64_t as_int(const c10::IValue& v, const char* what) {
+  TORCH_CHECK(v.isInt(), what, " must be an int, got ", v.tagKind());
+  return v.toInt();
+}
+
+const std::string& as_string(const c10::IValue& v, const char* what) {
+  TORCH_CHECK(v.isString(), what, " must be a str, got ", v.tagKind());
+  return v.toStringRef();
 }
 
 // The module's tensors by state-dict key (parameters, then buffers).
@@ -172,38 +193,107 @@ std::string quoted_list(const std::vector<std::string>& keys) {
 
 }  // namespace
 
+namespace {
+
+// Each storage's tensor record, by the address of the bytes read for it.
+using RecordSizes = std::map<const void*, std::pair<std::string, size_t>>;
+
+// A tensor as the unpickler built it is only a view onto a storage whose size the pickle declared: it
+// must be dense, on the CPU, inside its storage, and the storage exactly as long as its record (what
+// torch.load checks too), or reading it would run past the record's bytes.
+void check_tensor(const torch::Tensor& t, const RecordSizes& records) {
+  TORCH_CHECK(t.layout() == c10::kStrided && !t.is_quantized() && t.device().is_cpu(),
+              "a tensor is sparse, quantized or not on the CPU: only dense tensors are loaded");
+  for (int64_t d = 0; d < t.dim(); ++d)
+    TORCH_CHECK(t.size(d) >= 0 && t.stride(d) >= 0, "a tensor has a negative size or stride");
+  const size_t storage_bytes = t.storage().nbytes();
+  const auto record = records.find(t.storage().data());
+  if (record == records.end()) {
+    TORCH_CHECK(storage_bytes == 0, "a tensor's storage has no record in the archive");
+    return;
+  }
+  const auto& [name, record_bytes] = record->second;
+  TORCH_CHECK(record_bytes == storage_bytes, "record 'data/", name, "' holds ", record_bytes,
+              " bytes, but the pickle declares a storage of ", storage_bytes, " bytes (truncated or corrupted)");
+  if (t.numel() == 0) return;
+  const size_t needed = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size(), t.storage_offset());
+  TORCH_CHECK(needed <= storage_bytes, "a tensor of shape ", t.sizes(), " reaches past its storage ('data/", name,
+              "')");
+}
+
+// Every tensor in `value`, walked with an explicit stack (check_pickle() bounded the depth already).
+void check_tensors(const c10::IValue& value, const RecordSizes& records) {
+  std::vector<c10::IValue> pending{value};
+  while (!pending.empty()) {
+    const c10::IValue v = std::move(pending.back());
+    pending.pop_back();
+    if (v.isTensor()) check_tensor(v.toTensor(), records);
+    if (v.isTuple())
+      for (const auto& e : v.toTupleRef().elements()) pending.push_back(e);
+    if (v.isList())
+      for (const auto& e : v.toListRef()) pending.push_back(e);
+    if (v.isGenericDict())
+      for (const auto& item : v.toGenericDict()) pending.push_back(item.key()), pending.push_back(item.value());
+  }
+}
+
+c10::IValue unpickle_checked(detail::ZipRecords& zip) {
+  const std::string original = zip.read_string("data.pkl");
+  detail::check_pickle(original);
+  // What torch::pickle_load does, with the pickle passed through plain_dicts() first, so that a
+  // module's state_dict() (an OrderedDict) loads (ordered_dict_pickle.h).
+  const std::string pickle = detail::plain_dicts(original);
+  size_t offset = 0;
+  auto read = [&](char* buffer, size_t n) {
+    n = std::min(n, pickle.size() - offset);
+    std::memcpy(buffer, pickle.data() + offset, n);
+    offset += n;
+    return n;
+  };
+  RecordSizes records;
+  std::function<at::DataPtr(const std::string&)> read_record = [&](const std::string& name) {
+    size_t size = 0;
+    at::DataPtr data = zip.read("data/" + name, size);
+    records[data.get()] = {name, size};
+    return data;
+  };
+  torch::jit::ObjLoader no_objects = nullptr;
+  // map_location="cpu": the unpickler would otherwise copy a "cuda" storage to the GPU before
+  // check_tensors() has compared its size with its record.
+  torch::jit::Unpickler unpickler(read, nullptr, no_objects, read_record, at::Device(at::kCPU));
+  const std::string version_record = zip.contains(".data/version") ? ".data/version" : "version";
+  if (zip.contains(version_record)) {
+    std::string text = zip.read_string(version_record);
+    text.erase(std::find_if(text.rbegin(), text.rend(), [](char c) { return !std::isspace(c); }).base(), text.end());
+    const auto version = parse_int(text);
+    TORCH_CHECK(version && *version >= 1 && *version <= 100, "record '", version_record, "' is not a format version");
+    unpickler.set_version(*version);
+  }
+  c10::IValue value = detail::without_metadata(unpickler.parse_ivalue());
+  check_tensors(value, records);
+  return value;
+}
+
+}  // namespace
+
 c10::IValue load_pytorch(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot open '", path, "' to read a PyTorch checkpoint");
-  char magic[2] = {};
-  in.read(magic, 2);
-  TORCH_CHECK(in && magic[0] == 'P' && magic[1] == 'K', "'", path,
-              "' is not a zip-format torch.save file (what PyTorch >= 1.6 writes); re-save it in Python with "
-              "torch.save(obj, path)");
+  {
+    std::ifstream in(path, std::ios::binary);
+    TORCH_CHECK(in, "cannot open '", path, "' to read a PyTorch checkpoint");
+    char magic[2] = {};
+    in.read(magic, 2);
+    TORCH_CHECK(in && magic[0] == 'P' && magic[1] == 'K', "'", path,
+                "' is not a zip-format torch.save file (what PyTorch >= 1.6 writes); re-save it in Python with "
+                "torch.save(obj, path)");
+  }
   try {
-    // What torch::pickle_load does, with the pickle passed through plain_dicts() first, so that a
-    // module's state_dict() (an OrderedDict) loads (ordered_dict_pickle.h).
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    const auto record = reader.getRecord("data.pkl");
-    const std::string pickle =
-        detail::plain_dicts(std::string(static_cast<const char*>(std::get<0>(record).get()), std::get<1>(record)));
-    size_t offset = 0;
-    auto read = [&](char* buffer, size_t n) {
-      n = std::min(n, pickle.size() - offset);
-      std::memcpy(buffer, pickle.data() + offset, n);
-      offset += n;
-      return n;
-    };
-    std::function<at::DataPtr(const std::string&)> read_record = [&](const std::string& name) {
-      return std::get<0>(reader.getRecord("data/" + name));
-    };
-    torch::jit::ObjLoader no_objects = nullptr;
-    c10::optional<at::Device> as_saved;
-    torch::jit::Unpickler unpickler(read, nullptr, no_objects, read_record, as_saved);
-    unpickler.set_version(reader.version());
-    return detail::without_metadata(unpickler.parse_ivalue());
+    detail::ZipRecords zip(path);
+    return unpickle_checked(zip);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "cannot read '", path, "' as a torch.save file: ", e.what_without_backtrace());
+    const std::string what = e.what_without_backtrace();
+    TORCH_CHECK(false, "cannot read '", path, "' as a torch.save file: ", what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {  // std::bad_alloc and the like, from sizes the checks above allowed
+    TORCH_CHECK(false, "cannot read '", path, "' as a torch.save file: ", e.what());
   }
 }
 
@@ -213,7 +303,7 @@ void load_module_state_dict(torch::nn::Module& module, const c10::IValue& state,
   std::vector<std::string> unexpected, missing, mismatched;
   std::set<std::string> seen;
   for (const auto& item : dict) {
-    const std::string key = item.key().toStringRef();
+    const std::string key = as_string(item.key(), "a state dict key");
     const auto it = tensors.find(key);
     if (it == tensors.end()) {
       unexpected.push_back(key);
@@ -256,8 +346,10 @@ bool flag(const Dict& d, const char* key) { return d.contains(key) && d.at(key).
 
 template <typename Options>
 void set_adam_options(Options& o, const Dict& g) {
+  TORCH_CHECK(g.contains("betas") && g.at("betas").isTuple() && g.at("betas").toTupleRef().elements().size() == 2,
+              "optimizer param group: \"betas\" must be a tuple of two numbers");
   const auto betas = g.at("betas").toTupleRef().elements();
-  TORCH_CHECK(betas.size() == 2, "optimizer param group: \"betas\" must hold two numbers");
+  TORCH_CHECK(betas[0].isDouble() && betas[1].isDouble(), "optimizer param group: \"betas\" must hold two floats");
   o.lr(number(g, "lr")).eps(number(g, "eps")).weight_decay(number(g, "weight_decay")).amsgrad(flag(g, "amsgrad"));
   o.betas(std::make_tuple(betas[0].toDouble(), betas[1].toDouble()));
 }
@@ -289,8 +381,11 @@ torch::Tensor like(const Dict& s, const char* key, const torch::Tensor& param) {
 int64_t step_count(const Dict& s) {
   TORCH_CHECK(s.contains("step"), "optimizer state: \"step\" is missing");
   const c10::IValue& v = s.at("step");
-  return v.isTensor() ? static_cast<int64_t>(v.toTensor().item<double>())
-                      : static_cast<int64_t>(v.toScalar().toDouble());
+  TORCH_CHECK((v.isTensor() && v.toTensor().numel() == 1) || v.isDouble() || v.isInt(),
+              "optimizer state: \"step\" must be a number, got ", v.tagKind());
+  const double step = v.isTensor() ? v.toTensor().item<double>() : v.isInt() ? v.toInt() : v.toDouble();
+  TORCH_CHECK(step >= 0 && step <= 9.0e15, "optimizer state: \"step\" is ", step, ", not a step count");
+  return static_cast<int64_t>(step);
 }
 
 template <typename ParamState>
@@ -320,23 +415,26 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   const Dict& d = as_dict(state, "an optimizer state dict");
   TORCH_CHECK(d.contains("state") && d.contains("param_groups"),
               "an optimizer state dict has the keys \"state\" and \"param_groups\"");
-  const auto groups = d.at("param_groups").toList();
+  const auto groups = as_list(d.at("param_groups"), "\"param_groups\"");
   auto& ours = optimizer.param_groups();
   TORCH_CHECK(groups.size() == ours.size(), "loaded state dict has ", groups.size(),
               " parameter group(s); the optimizer has ", ours.size());
   std::map<int64_t, std::pair<torch::Tensor, torch::optim::OptimizerOptions*>> by_index;
   for (size_t gi = 0; gi < ours.size(); ++gi) {
     const Dict& g = as_dict(groups.get(gi), "a parameter group");
-    const auto ids = g.at("params").toList();
+    TORCH_CHECK(g.contains("params"), "optimizer param group ", gi, ": key \"params\" is missing");
+    const auto ids = as_list(g.at("params"), "a param group's \"params\"");
     TORCH_CHECK(ids.size() == ours[gi].params().size(), "loaded parameter group ", gi, " has ", ids.size(),
                 " parameters; the optimizer's has ", ours[gi].params().size());
     set_group_options(ours[gi].options(), g);
-    for (size_t i = 0; i < ids.size(); ++i) by_index[ids.get(i).toInt()] = {ours[gi].params()[i], &ours[gi].options()};
+    for (size_t i = 0; i < ids.size(); ++i)
+      by_index[as_int(ids.get(i), "a parameter index")] = {ours[gi].params()[i], &ours[gi].options()};
   }
   optimizer.state().clear();
   for (const auto& item : as_dict(d.at("state"), "\"state\"")) {
-    const auto it = by_index.find(item.key().toInt());
-    TORCH_CHECK(it != by_index.end(), "optimizer state for parameter ", item.key().toInt(), ", which no group lists");
+    const int64_t index = as_int(item.key(), "an optimizer state key");
+    const auto it = by_index.find(index);
+    TORCH_CHECK(it != by_index.end(), "optimizer state for parameter ", index, ", which no group lists");
     const auto& [param, options] = it->second;
     auto param_state = make_param_state(*options, as_dict(item.value(), "a parameter's state"), param);
     if (param_state) optimizer.state()[optimizer_state_key(param)] = std::move(param_state);
@@ -345,7 +443,8 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
 
 void load_scaler_state_dict(GradScaler& scaler, const c10::IValue& state) {
   GradScalerStateDict sd;
-  for (const auto& item : as_dict(state, "a GradScaler state dict")) sd[item.key().toStringRef()] = item.value();
+  for (const auto& item : as_dict(state, "a GradScaler state dict"))
+    sd[as_string(item.key(), "a GradScaler state dict key")] = item.value();
   scaler.load_state_dict(sd);
 }
 

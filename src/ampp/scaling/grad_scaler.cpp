@@ -378,6 +378,21 @@ GradScalerStateDict GradScaler::state_dict() const {
   return sd;
 }
 
+double state_number(const c10::IValue& v, const char* key) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().to(torch::kCPU).item<double>();
+  TORCH_CHECK(false, "GradScaler::load_state_dict: \"", key, "\" must be a number, got ", v.tagKind(),
+              "; pass a dict produced by GradScaler::state_dict() or PyTorch's GradScaler.state_dict().");
+}
+
+int64_t state_count(const c10::IValue& v, const char* key) {
+  const double x = state_number(v, key);
+  TORCH_CHECK(x >= 0 && x <= 9.0e15 && x == std::floor(x), "GradScaler::load_state_dict: \"", key,
+              "\" must be a whole number >= 0, got ", x, ".");
+  return static_cast<int64_t>(x);
+}
+
 void GradScaler::load_state_dict(const GradScalerStateDict& state) {
   if (!is_enabled()) return;
   TORCH_CHECK(!state.empty(),
@@ -388,21 +403,27 @@ void GradScaler::load_state_dict(const GradScalerStateDict& state) {
                 "\" is missing; pass a dict produced by GradScaler::state_dict().");
     return state.at(key);
   };
-  const double scale = required("scale").toDouble();
+  auto count = [&](const char* key, int64_t fallback) {
+    return state.count(key) ? state_count(state.at(key), key) : fallback;
+  };
+  const double scale = state_number(required("scale"), "scale");
   TORCH_CHECK(std::isfinite(scale) && scale >= kMinLossScale, "GradScaler::load_state_dict: the saved scale ", scale,
               " is not finite or below 2^-126 (kMinLossScale), so the run it came from had already failed (its "
               "gradients overflowed at every scale). Start from an earlier checkpoint, or call update(new_scale).");
-  options_.init_scale(scale);
-  options_.growth_factor(required("growth_factor").toDouble());
-  options_.backoff_factor(required("backoff_factor").toDouble());
-  options_.growth_interval(required("growth_interval").toInt());
-  init_growth_tracker_ = required("_growth_tracker").toInt();
+  GradScalerOptions loaded = options_;
+  loaded.init_scale(scale);
+  loaded.growth_factor(state_number(required("growth_factor"), "growth_factor"));
+  loaded.backoff_factor(state_number(required("backoff_factor"), "backoff_factor"));
+  loaded.growth_interval(state_count(required("growth_interval"), "growth_interval"));
+  validate(loaded);  // a saved factor of 0 or NaN would otherwise zero or poison the scale
+  options_ = loaded;
+  init_growth_tracker_ = state_count(required("_growth_tracker"), "_growth_tracker");
   if (scale_.defined()) scale_.fill_(options_.init_scale());
   if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
   // ampp extras are optional, so a state dict written from PyTorch's keys alone loads too.
-  if (state.count("_ampp_hysteresis_tracker")) hysteresis_tracker_ = state.at("_ampp_hysteresis_tracker").toInt();
-  if (state.count("_ampp_skipped_steps")) skipped_steps_ = state.at("_ampp_skipped_steps").toInt();
-  if (state.count("_ampp_min_scale_overflows")) min_scale_overflows_ = state.at("_ampp_min_scale_overflows").toInt();
+  hysteresis_tracker_ = count("_ampp_hysteresis_tracker", hysteresis_tracker_);
+  skipped_steps_ = count("_ampp_skipped_steps", skipped_steps_);
+  min_scale_overflows_ = count("_ampp_min_scale_overflows", min_scale_overflows_);
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {

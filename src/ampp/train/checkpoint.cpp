@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -163,6 +164,12 @@ RunPosition read_position(torch::serialize::InputArchive& archive) {
   position.epoch_sums = {sums[0], sums[1], sums[2]};
   c10::IValue last_train_loss;  // absent in checkpoints written before it was added
   if (archive.try_read("last_train_loss", last_train_loss)) position.last_train_loss = last_train_loss.toDouble();
+  // A valid CRC says the bytes arrived as written, not that they are sane.
+  TORCH_CHECK(position.epoch >= 0 && position.batch >= 0 && position.global_step >= 0 && position.skipped_total >= 0 &&
+                  position.skipped_total <= position.global_step && std::isfinite(position.elapsed) &&
+                  position.elapsed >= 0,
+              "its position is impossible (epoch ", position.epoch, ", batch ", position.batch, ", step ",
+              position.global_step, ", ", position.skipped_total, " skipped, ", position.elapsed, " s)");
   return position;
 }
 

@@ -1,51 +1,19 @@
 #include "fault_injection.h"
 
-#include <ampp/util/parse_number.h>
-#include <c10/util/Exception.h>
-
-#include <cstdlib>
-#include <optional>
-#include <sstream>
-#include <string>
+#include <atomic>
 
 namespace ampp::train::detail {
 namespace {
 
-int64_t env_int(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return -1;
-  const auto value = parse_int(text);
-  TORCH_CHECK(value, "environment variable ", name, "='", text, "' is not an integer");
-  return *value;
-}
-
-// "S:R,S:R,...": the steps at which `rank` injects.
-std::set<int64_t> steps_of_rank(const char* name, int rank) {
-  std::set<int64_t> steps;
-  const char* text = std::getenv(name);
-  std::stringstream list(text != nullptr ? text : "");
-  for (std::string item; std::getline(list, item, ',');) {
-    const size_t colon = item.find(':');
-    const auto step = colon == std::string::npos ? std::nullopt : parse_int(item.substr(0, colon));
-    const auto r = colon == std::string::npos ? std::nullopt : parse_int(item.substr(colon + 1));
-    TORCH_CHECK(step && r, "environment variable ", name, ": '", item, "' is not STEP:RANK");
-    if (*r == rank) steps.insert(*step);
-  }
-  return steps;
-}
+std::atomic<FaultSource> registered_source{nullptr};
 
 }  // namespace
 
-FaultInjection FaultInjection::from_environment(int rank, int world, bool restarted) {
-  FaultInjection f;
-  f.inf_steps = steps_of_rank("AMPP_TRAIN_TEST_INF_AT", rank);
-  if (restarted) return f;
-  if (rank == world - 1) {
-    f.kill_at_step = env_int("AMPP_TRAIN_TEST_KILL_AT_STEP");
-    f.stop_at_step = env_int("AMPP_TRAIN_TEST_STOP_AT_STEP");
-  }
-  if (rank == 0) f.kill_in_save = env_int("AMPP_TRAIN_TEST_KILL_IN_SAVE");
-  return f;
+void set_fault_source(FaultSource source) { registered_source.store(source); }
+
+FaultInjection faults_for(int rank, int world, bool restarted) {
+  const FaultSource source = registered_source.load();
+  return source != nullptr ? source(rank, world, restarted) : FaultInjection{};
 }
 
 }  // namespace ampp::train::detail

@@ -24,8 +24,10 @@ AmpStateDict amp_state(const c10::impl::GenericDict& scaler, const c10::impl::Ge
   scaler_loaded = scaler.contains("scale") && objects.amp.checks_overflow() && state.count("loss_scaler0") > 0;
   if (scaler_loaded) {
     auto entry = state.at("loss_scaler0").toGenericDict();
-    entry.insert_or_assign("loss_scale", scaler.at("scale").toDouble());
-    entry.insert_or_assign("unskipped", scaler.contains("_growth_tracker") ? scaler.at("_growth_tracker").toInt() : 0);
+    entry.insert_or_assign("loss_scale", state_number(scaler.at("scale"), "scale"));
+    entry.insert_or_assign("unskipped", scaler.contains("_growth_tracker")
+                                            ? state_count(scaler.at("_growth_tracker"), "_growth_tracker")
+                                            : 0);
   }
   if (uses_masters(objects.amp)) {
     // Only the parameters with a master of their own (BatchNorm's stay FP32 and are their own master,
@@ -88,7 +90,8 @@ PyTorchCheckpointContents load_pytorch_training_checkpoint(const std::string& pa
   c.epoch = count_entry(ckpt, "epoch", path);
   c.batch = count_entry(ckpt, "batch", path);
   c.step = count_entry(ckpt, "step", path);
-  c.skipped_steps = scaler.contains("_ampp_skipped_steps") ? scaler.at("_ampp_skipped_steps").toInt() : 0;
+  c.skipped_steps =
+      scaler.contains("_ampp_skipped_steps") ? state_count(scaler.at("_ampp_skipped_steps"), "_ampp_skipped_steps") : 0;
   return c;
 }
 

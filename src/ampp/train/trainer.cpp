@@ -38,6 +38,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -228,13 +229,15 @@ struct Run {
   std::optional<MetricsWriter> metrics;
   std::optional<TensorBoardWriter> tensorboard;  // rank 0, TrainOptions::tensorboard
   Clock::time_point started = Clock::now();      // reset when training starts (after resume and DDP)
-  detail::FaultInjection faults;                 // testing aids (fault_injection.h), off in normal use
+  detail::FaultInjection faults;                 // test binaries only (fault_injection.h); none in ampp
   int64_t saves = 0;                             // checkpoints written by this process
   int64_t epochs_done = 0;
   double last_train_loss = 0;
   Evaluation last_eval;
   // For the divergence check: skipped steps in a row, the last finite loss and where it was.
   int64_t skips_in_a_row = 0;
+  std::deque<bool> recent_skips;  // the last 2 x max_consecutive_skips steps: skipped or not
+  int64_t recent_skipped = 0;
   double last_finite_loss = std::numeric_limits<double>::quiet_NaN();
   int64_t last_finite_loss_step = 0;
   std::vector<std::string> last_overflowed;  // the parameters of the latest skipped step
@@ -386,8 +389,11 @@ void resume_from_pytorch(Run& run) {
   std::abort();  // not reached
 }
 
+void check_finite_weights(Run& run);  // below, with the divergence checks
+
 // Running sums become global totals held by rank 0, so any world size resumes them exactly.
 void save(Run& run, int64_t epoch, int64_t batch) {
+  check_finite_weights(run);
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.sums = run.workers.leader() ? totals : EpochSums{};
   if (auto* zero = run.zero()) zero->consolidate_state_dict(0);  // every rank sends its shard to the leader
@@ -401,7 +407,7 @@ void save(Run& run, int64_t epoch, int64_t batch) {
   now.elapsed = run.elapsed();
   now.epoch_sums = run.sums;
   now.last_train_loss = run.last_train_loss;
-  if (++run.saves == run.faults.kill_in_save) die_halfway_through_save(run, now);
+  if (++run.saves == run.faults.kill_in_save.value_or(-1)) die_halfway_through_save(run, now);
   save_training_checkpoint(run.checkpoint, run.objects_to_save(), now);
   save_pytorch_training_checkpoint(pytorch_checkpoint_path(run.o), run.objects_to_save(), now);
   dist::report_progress(run.position.global_step);
@@ -569,8 +575,8 @@ StepResult train_step(Run& run, const Batch& batch) {
 void count_step(Run& run, const StepResult& step, const Batch& batch) {
   ++run.position.global_step;
   if (!step.stepped) ++run.position.skipped_total;
-  if (run.position.global_step == run.faults.kill_at_step) std::raise(SIGKILL);
-  if (run.position.global_step == run.faults.stop_at_step) std::raise(SIGSTOP);
+  if (run.faults.kill_at_step == run.position.global_step) std::raise(SIGKILL);
+  if (run.faults.stop_at_step == run.position.global_step) std::raise(SIGSTOP);
   const auto images = batch.target.size(0);
   run.sums.loss_sum += step.loss * images;
   run.sums.correct += step.logits.argmax(1).eq(batch.target).sum().item<double>();
@@ -639,9 +645,27 @@ void write_doctor_outputs(const Run& run) {
   }
 }
 
-// Ends the run with an error once max_consecutive_skips steps in a row had non-finite gradients:
-// a diverged run must not end "successfully" with a useless model. The skip decision is the same
-// on every rank (global overflow flag, averaged gradients), so every rank stops at the same step.
+// Ends the run with an error: a diverged run must not end "successfully" with a useless model. Every
+// rank reaches the same decision at the same step (global overflow flag, averaged gradients, the
+// same weights), so every rank stops alike.
+[[noreturn]] void stop_diverged(Run& run, const std::string& what) {
+  const std::string loss =
+      std::isnan(run.last_finite_loss)
+          ? std::string("no step of this process had a finite loss")
+          : fmt::format("the last finite loss was {:.6g} at step {}", run.last_finite_loss, run.last_finite_loss_step);
+  const std::string message = fmt::format("the run diverged: {}; {}; {}. Likely fix: {}. model.pt was not written",
+                                          what, loss, where_it_overflowed(run.last_overflowed), divergence_hint(run));
+  if (run.metrics)
+    run.metrics->write_line(
+        {{"type", "error"}, {"cause", "diverged"}, {"step", run.position.global_step}, {"message", message}});
+  write_doctor_outputs(run);  // a diverged run is what the doctor is for
+  TORCH_CHECK(false, message);
+}
+
+// Divergence by skipped steps (TrainOptions::max_consecutive_skips = L, 0: never): L in a row, or more
+// than L of the last 2L, so that one finite step now and then does not hide a run that is skipping
+// most of its steps. Shorter runs are caught by their non-finite weights or final loss
+// (check_finite_weights, check_final_loss).
 void check_divergence(Run& run, const StepResult& step) {
   if (std::isfinite(step.loss)) {
     run.last_finite_loss = step.loss;
@@ -650,20 +674,45 @@ void check_divergence(Run& run, const StepResult& step) {
   run.skips_in_a_row = step.stepped ? 0 : run.skips_in_a_row + 1;
   if (!step.stepped) run.last_overflowed = step.overflowed;
   const int64_t limit = run.o.max_consecutive_skips();
-  if (limit == 0 || run.skips_in_a_row < limit) return;
-  const int64_t last = run.position.global_step, first = last - run.skips_in_a_row + 1;
-  const std::string loss =
-      std::isnan(run.last_finite_loss)
-          ? std::string("no step of this process had a finite loss")
-          : fmt::format("the last finite loss was {:.6g} at step {}", run.last_finite_loss, run.last_finite_loss_step);
-  const std::string message = fmt::format(
-      "the run diverged: steps {} to {} ({} in a row, TrainOptions::max_consecutive_skips) had inf/NaN gradients and "
-      "were skipped (no step was taken on them); {}; {}. Likely fix: {}. model.pt was not written",
-      first, last, run.skips_in_a_row, loss, where_it_overflowed(run.last_overflowed), divergence_hint(run));
-  if (run.metrics)
-    run.metrics->write_line({{"type", "error"}, {"cause", "diverged"}, {"step", last}, {"message", message}});
-  write_doctor_outputs(run);  // a diverged run is what the doctor is for
-  TORCH_CHECK(false, message);
+  if (limit == 0) return;
+  run.recent_skips.push_back(!step.stepped);
+  run.recent_skipped += !step.stepped;
+  if (static_cast<int64_t>(run.recent_skips.size()) > 2 * limit) {
+    run.recent_skipped -= run.recent_skips.front();
+    run.recent_skips.pop_front();
+  }
+  const int64_t last = run.position.global_step;
+  if (run.skips_in_a_row >= limit)
+    stop_diverged(run, fmt::format("steps {} to {} ({} in a row, TrainOptions::max_consecutive_skips) had inf/NaN "
+                                   "gradients and were skipped (no step was taken on them)",
+                                   last - run.skips_in_a_row + 1, last, run.skips_in_a_row));
+  if (run.recent_skipped > limit)
+    stop_diverged(run, fmt::format("{} of the last {} steps (to step {}) had inf/NaN gradients and were skipped, more "
+                                   "than TrainOptions::max_consecutive_skips ({}) in twice that many steps",
+                                   run.recent_skipped, run.recent_skips.size(), last, limit));
+}
+
+// The weights (and O2's masters) must be finite before they are saved anywhere: a step taken on
+// finite gradients can still overflow them (fp16 at O3, a huge learning rate). The checkpoint already
+// on disk then keeps the last finite weights.
+void check_finite_weights(Run& run) {
+  std::vector<torch::Tensor> weights = run.amp.master_params();
+  for (const auto& p : run.model->parameters()) weights.push_back(p);
+  for (const auto& b : run.model->buffers())
+    if (b.is_floating_point()) weights.push_back(b);
+  if (!numerics::has_non_finite(weights)) return;
+  std::vector<std::string> names;
+  for (const auto& item : run.model->named_parameters())
+    if (!torch::isfinite(item.value()).all().item<bool>()) names.push_back(item.key());
+  run.last_overflowed = names;
+  stop_diverged(run, fmt::format("after step {} the weights hold inf/NaN values{}", run.position.global_step,
+                                 run.checkpoint.empty() ? "" : " (the last checkpoint keeps the last finite ones)"));
+}
+
+void check_final_loss(Run& run) {
+  if (!std::isfinite(run.last_eval.loss))
+    stop_diverged(run, fmt::format("after step {} the test loss is not finite ({})", run.position.global_step,
+                                   run.last_eval.loss));
 }
 
 // Under TrainOptions::profile, rank 0 records the operators of steps kOpWindowFirst+1 to
@@ -951,7 +1000,7 @@ Summary train(const TrainOptions& options) {
   open_outputs(run);
   if (options.doctor() && run.workers.leader()) run.ranges.emplace();
   if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
-  run.faults = detail::FaultInjection::from_environment(run.workers.rank, run.workers.world, run.workers.restarted);
+  run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
   run.epochs_done = run.position.epoch;
   run.model->train();
   const bool tty = is_terminal(stdout);
@@ -966,6 +1015,8 @@ Summary train(const TrainOptions& options) {
     summary.memory = measure_memory(*run.model, run.optimizer, zero ? zero->local_optimizer() : run.optimizer,
                                     run.amp.master_gradient_buffers(), run.data, *tracker);
   }
+  check_finite_weights(run);
+  check_final_loss(run);
   write_outputs(run, summary);
   if (run.workers.pg) run.workers.pg.barrier();
   return summary;
