@@ -22,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 BEGIN, END = "<!-- layer-graph:begin -->", "<!-- layer-graph:end -->"
 # Folders outside src/ and include/ that belong to a layer (their private headers are allowed).
-SUITE_LAYER = {"launcher": "dist", "oracle": None, "examples": None, "tools": None}
+SUITE_LAYER = {"launcher": "dist", "oracle": None, "examples": None, "tools": None, "fuzz": None}
 
 
 def layer_order():

@@ -17,6 +17,7 @@ packages=(
   libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev
   libprotobuf-dev protobuf-compiler libboost-dev  # TensorBoard event files: protobuf, CRC-32C (boost/crc.hpp)
   dataset-fashion-mnist gnuplot-nox iproute2 procps
+  clang libclang-rt-dev  # the fuzzers (libFuzzer + sanitizers): scripts/fuzz.sh
 )
 case "$torch" in
   wheel) ;;

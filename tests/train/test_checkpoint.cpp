@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -122,12 +123,21 @@ TEST(Checkpoint, AnImpossiblePositionIsAClearError) {
   ampp::Amp amp = ampp::initialize(model, sgd);
   ampp::dist::DistributedSampler sampler(8, ampp::dist::DistributedSamplerOptions().num_replicas(1).rank(0));
   const TrainingObjects objects{*model, sgd, amp, sampler};
-  for (const int64_t step : {int64_t{-1}, int64_t{5}}) {
+  // With AMPP_WRITE_CORPUS=<folder>: also the seeds of tests/fuzz/fuzz_ampp_checkpoint.cpp (a first
+  // byte of 1 there means "a whole file").
+  const char* corpus = std::getenv("AMPP_WRITE_CORPUS");
+  for (const int64_t step : {int64_t{-1}, int64_t{5}, int64_t{7}}) {
     RunPosition position;
     position.global_step = step;
     position.skipped_total = 6;  // more than 5 steps taken: impossible too
     const fs::path path = tmp.path() / "checkpoint.ampp";
     save_training_checkpoint(path.string(), objects, position);
-    AMPP_EXPECT_THROW_WITH(TrainingCheckpoint{path.string()}, "its position is impossible");
+    if (corpus != nullptr) {
+      std::ifstream in(path, std::ios::binary);
+      spit(fs::path(corpus) / ("step_" + std::to_string(step) + ".ampp"),
+           "\x01" + std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+    }
+    if (step == 7) EXPECT_EQ(TrainingCheckpoint(path.string()).position().global_step, 7);
+    if (step != 7) AMPP_EXPECT_THROW_WITH(TrainingCheckpoint{path.string()}, "its position is impossible");
   }
 }

@@ -66,6 +66,16 @@ TEST(Idx, BadMagicTypeAndTrailingBytesAreClearErrors) {
   AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "missing").string()), "does not exist");
 }
 
+// Found by tests/fuzz/fuzz_idx (corpus/idx/huge_shape.idx): four sizes of 2^32-1 overflowed the
+// element count (signed overflow, undefined behaviour) before the size check.
+TEST(Idx, AHugeDeclaredShapeIsRefusedWithoutOverflow) {
+  ampp_test::TempDir tmp;
+  write_file(tmp.path() / "h", std::string("\0\0\x08\x04", 4) + std::string(16, '\xff'), false);
+  AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "h").string()), "declares an implausibly large array");
+  AMPP_EXPECT_THROW_WITH(map_idx((tmp.path() / "h").string(), (tmp.path() / "cache").string()),
+                         "declares an implausibly large array");
+}
+
 TEST(Idx, CorruptGzipIsAClearError) {
   ampp_test::TempDir tmp;
   write_file(tmp.path() / "g.gz", idx_bytes({64}, std::vector<uint8_t>(64, 9)), true);

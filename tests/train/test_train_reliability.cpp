@@ -81,14 +81,17 @@ TEST(TrainReliability, ASkippedStepNamesTheParametersWhoseGradientsOverflowed) {
   EXPECT_EQ(skipped, 1);
 }
 
-TEST(TrainReliability, NoNaNReachesTheWeightsOrTheBatchNormStatisticsOfADivergedRunAtO0) {
+// At every opt level (O3: fp16 weights that a taken step can overflow), a checkpoint holds the last
+// finite weights.
+class DivergedCheckpoint : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DivergedCheckpoint, NoNaNReachesTheWeightsOrTheBatchNormStatisticsOfADivergedRun) {
   ampp_test::TempDir tmp;
-  const auto r = run_ampp(small_run(tmp.path(),
-                                    "--nproc 1 --epochs 3 --max-consecutive-skips 5 --lr 1e4 "
-                                    "--opt-level O0 --checkpoint-every 1"));
+  const auto r = run_ampp(small_run(tmp.path(), "--nproc 1 --epochs 3 --max-consecutive-skips 5 --lr 1e4 "
+                                                "--checkpoint-every 1 --opt-level " +
+                                                    GetParam()));
   ASSERT_EQ(r.code, 1) << r.output;
-  ampp::train::TrainingCheckpoint saved((tmp.path() / "ckpt" / "checkpoint.ampp").string());
-  EXPECT_GT(saved.position().skipped_total, 0) << "the run really met non-finite gradients";
+  EXPECT_THAT(r.output, HasSubstr("the run diverged: "));
   torch::serialize::InputArchive archive, model;
   ampp::train::load_checkpoint(archive, (tmp.path() / "ckpt" / "checkpoint.ampp").string());
   archive.read("model", model);
@@ -97,6 +100,8 @@ TEST(TrainReliability, NoNaNReachesTheWeightsOrTheBatchNormStatisticsOfADiverged
   ASSERT_FALSE(tensors.empty());
   for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << name;
 }
+
+INSTANTIATE_TEST_SUITE_P(TrainReliability, DivergedCheckpoint, ::testing::Values("O0", "O3"));
 
 // Before: exit 0 and a model.pt with a NaN test loss, when the run was too short for a streak of
 // max_consecutive_skips (19 of 20 steps skipped), or one finite step broke the streak (26 of 31
@@ -121,6 +126,28 @@ TEST(TrainReliability, ShortRunsAndBrokenStreaksThatDivergeFail) {
     ampp_test::collect_tensors(model, "", tensors);
     for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << flags << " " << name;
   }
+}
+
+// Before: --resume took the checkpoint's SGD settings and silently ignored different flags.
+TEST(TrainReliability, ResumingWithOtherSgdSettingsSaysWhichFlagsToPass) {
+  ampp_test::TempDir tmp;
+  ASSERT_EQ(run_ampp(small_run(tmp.path(), "--nproc 1 --steps 3 --momentum 0.9")).code, 0);
+  const auto r = run_ampp(small_run(tmp.path(), "--nproc 1 --steps 6 --momentum 0.5 --resume"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("was trained with SGD momentum 0.9 and weight decay 0.0001; this run has momentum 0.5"));
+  EXPECT_THAT(r.output, HasSubstr("pass --momentum 0.9 --weight-decay 0.0001"));
+}
+
+// Before: a rerun into the same --out that failed left the earlier run's summary.json (which says
+// "the outputs are complete") beside its own partial metrics.jsonl.
+TEST(TrainReliability, AFailedRerunLeavesNoStaleSummary) {
+  ampp_test::TempDir tmp;
+  ASSERT_EQ(run_ampp(small_run(tmp.path(), "--nproc 1 --steps 3")).code, 0);
+  ASSERT_TRUE(fs::exists(tmp.path() / "out" / "summary.json"));
+  fs::remove_all(tmp.path() / "ckpt");
+  const auto r = run_ampp(small_run(tmp.path(), "--nproc 1 --steps 20 --lr 1e30"));
+  ASSERT_EQ(r.code, 1) << r.output;
+  EXPECT_FALSE(fs::exists(tmp.path() / "out" / "summary.json"));
 }
 
 // One taken step between streaks does not hide a run that skips most of its steps: more than L of

@@ -19,6 +19,10 @@
 #include <map>
 #include <vector>
 
+#if defined(AMPP_UNSCALE_HAVE_AVX2)
+#include <cpuid.h>
+#endif
+
 namespace ampp::numerics {
 namespace {
 
@@ -30,7 +34,10 @@ constexpr int64_t kSerialBelow = int64_t{1} << 16;
 
 bool avx2_available() {
 #if defined(AMPP_UNSCALE_HAVE_AVX2)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" in __builtin_cpu_supports.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
   return false;
 #endif

@@ -60,13 +60,15 @@ int idx_dimensions(const unsigned char* magic, const std::string& path) {
 // The shape held as `ndim` big-endian 32-bit sizes.
 std::vector<int64_t> idx_shape(const unsigned char* sizes, int ndim, const std::string& path) {
   std::vector<int64_t> shape(static_cast<size_t>(ndim));
+  constexpr int64_t kMaxElements = int64_t{1} << 34;
   int64_t numel = 1;
   for (int i = 0; i < ndim; ++i) {
     const unsigned char* b = sizes + 4 * i;
     shape[i] = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | int64_t{b[3]};
-    numel *= shape[i];
-    TORCH_CHECK(numel <= (int64_t{1} << 34), "IDX file '", path,
+    // Checked before multiplying: two 32-bit sizes already overflow what the product may reach.
+    TORCH_CHECK(shape[i] == 0 || numel <= kMaxElements / shape[i], "IDX file '", path,
                 "' declares an implausibly large array; it is corrupt");
+    numel *= shape[i];
   }
   return shape;
 }

@@ -315,6 +315,18 @@ struct Throughput {
 
 // ---- resume and checkpoints ----
 
+// The checkpoint's SGD hyperparameters (which loading put in force, as PyTorch's load_state_dict
+// does) must be this run's: a silent change of momentum would be a different run. `source` names it.
+void check_sgd_options(const Run& run, const std::string& source) {
+  const auto& sgd = static_cast<const torch::optim::SGDOptions&>(run.optimizer.param_groups().front().options());
+  TORCH_CHECK(sgd.momentum() == run.o.momentum() && sgd.weight_decay() == run.o.weight_decay(), source,
+              " was trained with SGD momentum ", sgd.momentum(), " and weight decay ", sgd.weight_decay(),
+              "; this run has momentum ", run.o.momentum(), " and weight decay ", run.o.weight_decay(),
+              ": pass --momentum ", sgd.momentum(), " --weight-decay ", sgd.weight_decay());
+  TORCH_CHECK(sgd.dampening() == 0 && !sgd.nesterov(), source, " was trained with SGD dampening ", sgd.dampening(),
+              (sgd.nesterov() ? " and Nesterov momentum" : ""), ", which ampp train's SGD does not use");
+}
+
 // Continues from the checkpoint when asked to (or restarted by the launcher) and one exists.
 void resume(Run& run) {
   if (run.checkpoint.empty() || !(run.o.resume() || run.workers.restarted)) return;
@@ -328,24 +340,12 @@ void resume(Run& run) {
               "' belongs to a different run (", saved.position().fingerprint, ") than this one (", expected,
               "); use the same options to resume, or another TrainOptions::checkpoint_dir to start afresh");
   saved.restore(run.objects());  // the lr follows from the position (scheduled_lr)
+  check_sgd_options(run, "checkpoint '" + run.checkpoint + "'");
   run.position = saved.position();
   run.sums = run.workers.leader() ? run.position.epoch_sums : EpochSums{};  // global totals live on rank 0
   run.resumed = true;
   run.say(fmt::format("resumed from {}: epoch {}, batch {}, step {}", run.checkpoint, run.position.epoch + 1,
                       run.position.batch, run.position.global_step));
-}
-
-// The file's SGD hyperparameters (which load_optimizer_state_dict put in force, as PyTorch's
-// load_state_dict does) must be this run's: a silent change of momentum would be a different run.
-void check_sgd_options(const Run& run) {
-  const auto& sgd = static_cast<const torch::optim::SGDOptions&>(run.optimizer.param_groups().front().options());
-  TORCH_CHECK(sgd.momentum() == run.o.momentum() && sgd.weight_decay() == run.o.weight_decay(), "PyTorch checkpoint '",
-              run.o.resume_from(), "' was trained with SGD momentum ", sgd.momentum(), " and weight decay ",
-              sgd.weight_decay(), "; this run has momentum ", run.o.momentum(), " and weight decay ",
-              run.o.weight_decay(), ": pass --momentum ", sgd.momentum(), " --weight-decay ", sgd.weight_decay());
-  TORCH_CHECK(sgd.dampening() == 0 && !sgd.nesterov(), "PyTorch checkpoint '", run.o.resume_from(),
-              "' was trained with SGD dampening ", sgd.dampening(), (sgd.nesterov() ? " and Nesterov momentum" : ""),
-              ", which ampp train's SGD does not use");
 }
 
 // Continues from a PyTorch-format file (TrainOptions::resume_from), unless the run resumed from its own
@@ -361,7 +361,7 @@ void resume_from_pytorch(Run& run) {
   TrainingObjects objects{*run.model, zero ? *unsharded : run.optimizer, run.amp, run.sampler};
   const PyTorchCheckpointContents c = load_pytorch_training_checkpoint(path, objects);
   if (zero) zero->load_from(*unsharded);
-  if (c.optimizer) check_sgd_options(run);
+  if (c.optimizer) check_sgd_options(run, "PyTorch checkpoint '" + path + "'");
   run.position.epoch = c.epoch;
   run.position.batch = c.batch;
   run.position.global_step = c.step;
@@ -824,6 +824,8 @@ bool run_epoch(Run& run, int64_t epoch, bool tty) {
 void open_outputs(Run& run) {
   if (run.workers.leader()) {
     fs::create_directories(run.o.out());
+    // summary.json means "complete outputs": an earlier run's must not sit beside this run's partial ones.
+    fs::remove(fs::path(run.o.out()) / "summary.json");
     run.metrics.emplace((fs::path(run.o.out()) / "metrics.jsonl").string(), /*append=*/run.resumed);
     if (!run.o.tensorboard().empty()) run.tensorboard.emplace(run.o.tensorboard());
   }

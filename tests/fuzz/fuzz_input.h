@@ -1,0 +1,49 @@
+#pragma once
+// What the libFuzzer harnesses share: the readers under test take a path, so each input is written
+// to this process's own file first; and every byte of a loaded tensor's storage is read here, in
+// instrumented code, so that AddressSanitizer sees a storage that claims more bytes than were
+// allocated for it (LibTorch's own reads are not instrumented).
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace fuzz {
+
+inline std::string write_input(const uint8_t* data, size_t size, const char* suffix) {
+  static const std::string path =
+      (std::filesystem::temp_directory_path() / ("ampp-fuzz-" + std::to_string(::getpid()) + suffix)).string();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) std::abort();
+  if (size > 0 && std::fwrite(data, 1, size, f) != size) std::abort();
+  std::fclose(f);
+  return path;
+}
+
+inline void touch_storage(const torch::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || t.storage().data() == nullptr) return;
+  const auto* bytes = static_cast<const volatile uint8_t*>(t.storage().data());
+  uint8_t sum = 0;
+  for (size_t i = 0; i < t.storage().nbytes(); ++i) sum ^= bytes[i];
+  (void)sum;
+}
+
+inline void touch_all(const c10::IValue& value) {
+  std::vector<c10::IValue> pending{value};
+  while (!pending.empty()) {
+    const c10::IValue v = std::move(pending.back());
+    pending.pop_back();
+    if (v.isTensor()) touch_storage(v.toTensor());
+    if (v.isTuple())
+      for (const auto& e : v.toTupleRef().elements()) pending.push_back(e);
+    if (v.isList())
+      for (const auto& e : v.toListRef()) pending.push_back(e);
+    if (v.isGenericDict())
+      for (const auto& item : v.toGenericDict()) pending.push_back(item.key()), pending.push_back(item.value());
+  }
+}
+
+}  // namespace fuzz
