@@ -13,8 +13,8 @@ dies halfway through writing one checkpoint (AMPP_TRAIN_TEST_KILL_IN_SAVE). It t
   - no temporary checkpoint file is left behind.
 Prints the numbers and exits 1 on any failed check.
 
-  python3 scripts/chaos.py --ampp build/tools/ampp/ampp                 # full: 1200 steps, ~11 kills
-  python3 scripts/chaos.py --ampp build/tools/ampp/ampp --short         # CI: 300 steps, 2 kills
+  python3 scripts/chaos.py --ampp build/bin/ampp-faults                 # full: 1200 steps, ~11 kills
+  python3 scripts/chaos.py --ampp build/bin/ampp-faults --short         # CI: 300 steps, 2 kills
 """
 import argparse
 import json
@@ -34,7 +34,7 @@ BATCH = 32
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ampp", required=True, help="the ampp binary")
+    p.add_argument("--ampp", required=True, help="the test binary with fault hooks: build/bin/ampp-faults")
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--kill-every", type=int, default=100, help="about this many steps between kills")
     p.add_argument("--infs", type=int, default=12, help="injected inf losses")

@@ -74,6 +74,10 @@ TEST(Idx, AHugeDeclaredShapeIsRefusedWithoutOverflow) {
   AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "h").string()), "declares an implausibly large array");
   AMPP_EXPECT_THROW_WITH(map_idx((tmp.path() / "h").string(), (tmp.path() / "cache").string()),
                          "declares an implausibly large array");
+  // Found by fuzz_idx (corpus/idx/declares_16gb.idx): 20 bytes declaring 2 x 2,097,155 x 3,843 bytes
+  // were answered with a 16 GB allocation before the data was read; memory now follows the data.
+  write_file(tmp.path() / "g", std::string("\0\0\x08\x03\0\0\0\x02\0\x20\0\x03\0\0\x0f\x03", 16) + "\1\2\3\4", true);
+  AMPP_EXPECT_THROW_WITH(read_idx((tmp.path() / "g").string()), "is truncated");
 }
 
 TEST(Idx, CorruptGzipIsAClearError) {

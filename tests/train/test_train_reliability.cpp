@@ -87,9 +87,10 @@ class DivergedCheckpoint : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DivergedCheckpoint, NoNaNReachesTheWeightsOrTheBatchNormStatisticsOfADivergedRun) {
   ampp_test::TempDir tmp;
-  const auto r = run_ampp(small_run(tmp.path(), "--nproc 1 --epochs 3 --max-consecutive-skips 5 --lr 1e4 "
-                                                "--checkpoint-every 1 --opt-level " +
-                                                    GetParam()));
+  const auto r = run_ampp(small_run(tmp.path(),
+                                    "--nproc 1 --epochs 3 --max-consecutive-skips 5 --lr 1e4 "
+                                    "--checkpoint-every 1 --opt-level " +
+                                        GetParam()));
   ASSERT_EQ(r.code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("the run diverged: "));
   torch::serialize::InputArchive archive, model;
@@ -134,7 +135,8 @@ TEST(TrainReliability, ResumingWithOtherSgdSettingsSaysWhichFlagsToPass) {
   ASSERT_EQ(run_ampp(small_run(tmp.path(), "--nproc 1 --steps 3 --momentum 0.9")).code, 0);
   const auto r = run_ampp(small_run(tmp.path(), "--nproc 1 --steps 6 --momentum 0.5 --resume"));
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("was trained with SGD momentum 0.9 and weight decay 0.0001; this run has momentum 0.5"));
+  EXPECT_THAT(r.output,
+              HasSubstr("was trained with SGD momentum 0.9 and weight decay 0.0001; this run has momentum 0.5"));
   EXPECT_THAT(r.output, HasSubstr("pass --momentum 0.9 --weight-decay 0.0001"));
 }
 

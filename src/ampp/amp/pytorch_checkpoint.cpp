@@ -2,7 +2,6 @@
 #include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/util/optimizer_compat.h>
 
-
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>

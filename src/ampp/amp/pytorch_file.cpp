@@ -45,7 +45,6 @@ void save_pytorch(const c10::IValue& object, const std::string& path) {
   write_file_atomic(path, container);
 }
 
-
 namespace {
 
 // Each storage's tensor record, by the address of the bytes read for it.

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -159,6 +160,23 @@ void write_cache(const std::string& cache, const torch::Tensor& array) {
                      {reinterpret_cast<const char*>(&crc), 4}});
 }
 
+// The array's bytes, read as they arrive: memory grows with the data the file really holds, not with
+// what its header declares (a 20-byte file may declare 16 GiB; gzip does not say its size up front).
+torch::Tensor read_array(gzFile file, const std::string& path, const std::vector<int64_t>& shape) {
+  constexpr size_t kChunk = size_t{64} << 20;
+  const auto total = static_cast<size_t>(c10::multiply_integers(shape));
+  std::vector<std::vector<uint8_t>> chunks;
+  for (size_t done = 0; done < total;) {
+    chunks.emplace_back(std::min(kChunk, total - done));
+    read_exact(file, path, chunks.back().data(), chunks.back().size(), "data");
+    done += chunks.back().size();
+  }
+  auto out = torch::empty(shape, torch::kUInt8);
+  auto* dst = out.data_ptr<uint8_t>();
+  for (const auto& chunk : chunks) dst = std::copy(chunk.begin(), chunk.end(), dst);
+  return out;
+}
+
 }  // namespace
 
 torch::Tensor read_idx(const std::string& path) {
@@ -169,8 +187,7 @@ torch::Tensor read_idx(const std::string& path) {
   read_exact(file.get(), path, header, 4, "header");
   const int ndim = idx_dimensions(header, path);
   read_exact(file.get(), path, header + 4, 4 * static_cast<size_t>(ndim), "header");
-  auto out = torch::empty(idx_shape(header + 4, ndim, path), torch::kUInt8);
-  read_exact(file.get(), path, out.data_ptr<uint8_t>(), static_cast<size_t>(out.numel()), "data");
+  auto out = read_array(file.get(), path, idx_shape(header + 4, ndim, path));
   unsigned char extra;
   TORCH_CHECK(gzread(file.get(), &extra, 1) == 0, "IDX file '", path,
               "' has data past the size its header declares; it is corrupt or not an IDX file");
