@@ -1,21 +1,61 @@
 # Finds LibTorch. One switch, AMPP_TORCH, says which one (docs/build.md, "Supported LibTorch"):
 #   wheel  (default) the torch==2.13.0 wheel in the checkout's .venv (scripts/install-deps.sh makes it);
 #          CMake finds it through torch.utils.cmake_prefix_path of AMPP_PYTHON.
+#   cuda   the same for a CUDA wheel (torch==2.14.1+cu130 in .venv-cuda): AMPP_PYTHON names its Python.
+#          Any wheel built with CUDA (also AMPP_TORCH=wheel with such a torch, as on a GPU machine)
+#          gets CUDA's toolkit from the nvcc on the PATH (or CUDAToolkit_ROOT).
 #   debian whatever find_package(Torch) finds on its own: Debian's libtorch-dev (1.13.1 on Debian 12,
 #          2.6 on Debian 13), or a LibTorch archive named with -DTorch_DIR=... .
 set(AMPP_TORCH "wheel" CACHE STRING "Which LibTorch to build against: wheel or debian")
-set_property(CACHE AMPP_TORCH PROPERTY STRINGS wheel debian)
+set_property(CACHE AMPP_TORCH PROPERTY STRINGS wheel cuda debian)
 set(AMPP_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
     "Python whose torch package provides LibTorch (AMPP_TORCH=wheel) and the oracle tests")
 
-if(AMPP_TORCH STREQUAL "wheel")
-  execute_process(COMMAND ${AMPP_PYTHON} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+# The CUDA wheel's Caffe2Config looks for CUDA's toolkit, which the wheel-only search below cannot
+# see: name it. nvcc says where its toolkit is (`TOP=` of a dry run), also when the nvcc on the
+# PATH is a wrapper script elsewhere.
+function(ampp_point_at_cuda_toolkit torch_cuda_version)
+  if(NOT CUDAToolkit_ROOT)
+    find_program(_nvcc nvcc HINTS ENV CUDA_HOME PATH_SUFFIXES bin)
+    if(NOT _nvcc)
+      message(FATAL_ERROR "This torch was built with CUDA ${torch_cuda_version}, and CMake needs CUDA's toolkit "
+        "to use it. Fix: put the toolkit's nvcc on the PATH, or pass -DCUDAToolkit_ROOT=<toolkit folder>.")
+    endif()
+    execute_process(COMMAND ${_nvcc} -v --dryrun -x cu -c /dev/null -o /dev/null
+                    OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+    if(NOT _out MATCHES "#\\$ TOP=([^\n]*)")
+      message(FATAL_ERROR "'${_nvcc}' did not say where its toolkit is; pass -DCUDAToolkit_ROOT=<toolkit folder>.")
+    endif()
+    get_filename_component(_root "${CMAKE_MATCH_1}" REALPATH)
+    set(CUDAToolkit_ROOT "${_root}" CACHE PATH "CUDA toolkit of the CUDA LibTorch")
+  endif()
+  set(CUDA_TOOLKIT_ROOT_DIR "${CUDAToolkit_ROOT}" CACHE PATH "CUDA toolkit (FindCUDA's name)")
+  set(CMAKE_CUDA_COMPILER "${CUDAToolkit_ROOT}/bin/nvcc" CACHE FILEPATH "nvcc of the CUDA toolkit")
+  message(STATUS "ampp: CUDA ${torch_cuda_version} LibTorch; toolkit ${CUDAToolkit_ROOT}")
+endfunction()
+
+if(AMPP_TORCH STREQUAL "wheel" OR AMPP_TORCH STREQUAL "cuda")
+  execute_process(COMMAND ${AMPP_PYTHON} -c
+                  "import glob, os, torch.utils, torch.version; print(torch.utils.cmake_prefix_path); print(torch.version.cuda or 'none'); print(';'.join(sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), 'nvidia', '*', 'include')))))"
                   OUTPUT_VARIABLE _prefix OUTPUT_STRIP_TRAILING_WHITESPACE
                   ERROR_VARIABLE _error RESULT_VARIABLE _result)
   if(NOT _result EQUAL 0)
     message(FATAL_ERROR "AMPP_TORCH=wheel: '${AMPP_PYTHON}' cannot import torch (${_error}).\n"
       "Fix: run scripts/install-deps.sh (it creates .venv with torch==2.13.0), point -DAMPP_PYTHON at a "
       "Python that has torch, or build against Debian's libtorch-dev with AMPP_TORCH=debian.")
+  endif()
+  string(REPLACE "\n" ";" _prefix "${_prefix}")
+  list(GET _prefix 1 AMPP_TORCH_CUDA_VERSION)
+  list(SUBLIST _prefix 2 -1 AMPP_NVIDIA_INCLUDE_DIRS)
+  list(GET _prefix 0 _prefix)
+  if(AMPP_TORCH_CUDA_VERSION STREQUAL "none")
+    unset(AMPP_TORCH_CUDA_VERSION)
+  endif()
+  if(AMPP_TORCH_CUDA_VERSION)
+    ampp_point_at_cuda_toolkit(${AMPP_TORCH_CUDA_VERSION})
+  elseif(AMPP_TORCH STREQUAL "cuda")
+    message(FATAL_ERROR "AMPP_TORCH=cuda, but the torch of '${AMPP_PYTHON}' was built without CUDA. Fix: "
+      "AMPP_TORCH=cuda scripts/install-deps.sh (torch==2.14.1 in .venv-cuda), or -DAMPP_PYTHON=<a CUDA torch's Python>.")
   endif()
   # TorchConfig's own look-ups (Caffe2, libtorch, libc10) search the system paths first, so with
   # Debian's libtorch-dev also installed they silently mix 1.13 into the build: search only the wheel.
@@ -24,6 +64,13 @@ if(AMPP_TORCH STREQUAL "wheel")
   find_package(Torch REQUIRED PATHS ${_prefix}/Torch NO_DEFAULT_PATH)
   unset(CMAKE_FIND_USE_CMAKE_SYSTEM_PATH)
   unset(CMAKE_FIND_USE_SYSTEM_ENVIRONMENT_PATH)
+  # A CUDA wheel's headers include cuSPARSE's, cuBLAS's and NCCL's, which come with the nvidia-* wheels
+  # beside torch, not always with the toolkit (a minimal one has no cusparse.h): after the toolkit's.
+  if(AMPP_TORCH_CUDA_VERSION AND AMPP_NVIDIA_INCLUDE_DIRS)
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES ${AMPP_NVIDIA_INCLUDE_DIRS})
+  else()
+    set(AMPP_NVIDIA_INCLUDE_DIRS "")
+  endif()
   foreach(_found Caffe2_DIR TORCH_LIBRARY c10_LIBRARY)
     if(${_found} AND NOT ${_found} MATCHES "^${TORCH_INSTALL_PREFIX}")
       message(FATAL_ERROR "AMPP_TORCH=wheel, but ${_found}=${${_found}} is outside the wheel "
@@ -33,7 +80,7 @@ if(AMPP_TORCH STREQUAL "wheel")
 elseif(AMPP_TORCH STREQUAL "debian")
   find_package(Torch REQUIRED)
 else()
-  message(FATAL_ERROR "AMPP_TORCH='${AMPP_TORCH}' is not known: use wheel (the default) or debian")
+  message(FATAL_ERROR "AMPP_TORCH='${AMPP_TORCH}' is not known: use wheel (the default), cuda or debian")
 endif()
 
 # TORCH_INSTALL_PREFIX is set by TorchConfig.cmake; the version comes from TorchConfigVersion.cmake.

@@ -4,6 +4,10 @@
 #                     (or $AMPP_VENV); it also serves as the Python oracle of the tests.
 #   AMPP_TORCH=debian Debian's libtorch-dev (1.13.1 on Debian 12, 2.6 on Debian 13) and python3-torch of
 #                     the same version (the oracle).
+#   AMPP_TORCH=cuda   LibTorch 2.14.1 with CUDA 13 from the torch==2.14.1 wheel (5.4 GB), in a venv at
+#                     .venv-cuda/ (or $AMPP_CUDA_VENV), also the oracle; plus the default venv for the
+#                     formatter and TensorBoard's reader. Builds without a GPU; CUDA's toolkit (nvcc)
+#                     must be on the PATH.
 # Either way apt provides the rest (Gloo headers, GoogleTest, Benchmark, CLI11, fmt, json, ...).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,9 +24,9 @@ packages=(
   clang libclang-rt-dev  # the fuzzers (libFuzzer + sanitizers): scripts/fuzz.sh
 )
 case "$torch" in
-  wheel) ;;
+  wheel | cuda) ;;
   debian) packages+=(libtorch-dev libopenblas0-pthread python3-torch) ;;  # python3-torch: the oracle
-  *) echo "install-deps: AMPP_TORCH='$torch' is not known: use wheel (the default) or debian" >&2; exit 2 ;;
+  *) echo "install-deps: AMPP_TORCH='$torch' is not known: use wheel (the default), cuda or debian" >&2; exit 2 ;;
 esac
 
 install_apt() {
@@ -49,7 +53,8 @@ install_apt() {
 # multi-GB CUDA download).
 clang_format_version=19.1.7
 
-install_wheel() {
+install_wheel() {  # $1: venv, $2: torch version
+  local venv=$1 torch_version=$2
   if [ -x "$venv/bin/python" ] &&
      "$venv/bin/python" -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
     echo "install-deps: $venv has torch $torch_version"
@@ -82,4 +87,15 @@ install_tensorboard() {
 }
 
 install_apt
-if [ "$torch" = wheel ]; then install_wheel; install_clang_format; install_tensorboard; fi
+# The CUDA wheel: LibTorch 2.14.1+cu130 (cuDNN, NCCL from the nvidia-* wheels), installed from this
+# machine's disk in about 3.5 minutes. nvcc is CMake's way to the toolkit (cmake/AmppTorch.cmake).
+cuda_torch_version=2.14.1
+if [ "$torch" = cuda ]; then
+  command -v nvcc >/dev/null || { echo "install-deps: AMPP_TORCH=cuda needs CUDA's nvcc on the PATH" >&2; exit 1; }
+  install_wheel "${AMPP_CUDA_VENV:-$root/.venv-cuda}" "$cuda_torch_version"
+fi
+if [ "$torch" = wheel ] || [ "$torch" = cuda ]; then
+  install_wheel "$venv" "$torch_version"
+  install_clang_format
+  install_tensorboard
+fi

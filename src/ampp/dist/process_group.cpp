@@ -22,6 +22,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -292,6 +293,15 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_backend(const std::string& backend,
   }
   TORCH_CHECK(backend == "nccl" || backend == "mpi", "ampp::dist::init_process_group: unknown backend '", backend,
               "'. Use \"gloo\" (CPU), \"nccl\" (CUDA) or \"mpi\".");
+#if AMPP_HAVE_NCCL
+  if (backend == "nccl") {
+    TORCH_CHECK(torch::cuda::is_available(),
+                "ampp::dist::init_process_group: backend \"nccl\" needs a CUDA GPU, "
+                "and this process sees none (torch::cuda::is_available() is false; CUDA_VISIBLE_DEVICES='",
+                std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "", "'). Use \"gloo\".");
+    return compat::make_nccl_process_group(store, rank, world, timeout);
+  }
+#endif
   TORCH_CHECK(false, "ampp::dist::init_process_group: backend '", backend,
               "' is not available in this LibTorch build (it was built without ", backend == "nccl" ? "NCCL" : "MPI",
               " support; Debian's libtorch is CPU-only with Gloo). Use backend \"gloo\", or link ampp against a "
@@ -315,7 +325,9 @@ const ProcessGroup::State& ProcessGroup::state() const {
   return *state_;
 }
 
-bool is_backend_available(const std::string& backend) { return backend == "gloo"; }
+bool is_backend_available(const std::string& backend) {
+  return backend == "gloo" || (AMPP_HAVE_NCCL && backend == "nccl");
+}
 
 namespace {
 

@@ -7,6 +7,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// The CUDA wheels compile c10d with NCCL and say so with USE_C10D_NCCL on every compile line.
+#if defined(USE_C10D_NCCL) && AMPP_TORCH_AT_LEAST(2, 0)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#define AMPP_HAVE_NCCL 1
+#else
+#define AMPP_HAVE_NCCL 0
+#endif
 
 #include <chrono>
 #include <string>
@@ -45,6 +52,22 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
   return gloo;
 #endif
 }
+
+#if AMPP_HAVE_NCCL
+// torch.distributed.init_process_group("nccl"): a ProcessGroup whose one backend is NCCL, for CUDA
+// tensors only (as PyTorch's; CPU tensors need a Gloo group of their own).
+inline c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                      int rank, int world,
+                                                                      std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, options);
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
+  pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  return pg;
+}
+#endif
 
 // Autograd graph nodes (grad_fn, gradient accumulators, edges) were std::shared_ptr<Node> up to
 // 2.x and are c10::intrusive_ptr<Node> in recent releases: take whatever LibTorch hands out.

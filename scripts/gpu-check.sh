@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# ampp on a machine with an NVIDIA GPU and no apt or network, in one command there (docs/gpu.md).
+#
+#   scripts/gpu-check.sh prepare    here (Debian, apt): gpu-kit/ holds what the GPU machine lacks, from
+#                                   Debian's packages: Gloo's headers (the torch wheels ship none),
+#                                   GoogleTest, fmt's and nlohmann-json's CMake packages. A few MB; it
+#                                   travels with the working tree (the device tool: carry ["gpu-kit"]).
+#   scripts/gpu-check.sh run OUT    there: builds ampp's library (util to dist: AMPP_BUILD_TRAIN=OFF, no
+#                                   protobuf or boost needed) and the GPU suite against the torch of that
+#                                   machine's python3 (or AMPP_PYTHON), runs the suite (each test against
+#                                   Python torch on the same GPU) and writes everything to OUT: logs,
+#                                   gpu_tests.json, nvidia-smi.txt, fp16_emulation.md, summary.txt.
+# Takes about 3 minutes on a 16-core machine; well inside the 8 the check may take.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+kit=$root/gpu-kit
+
+prepare() {
+  rm -rf "$kit"
+  mkdir -p "$kit/debs"
+  (cd "$kit/debs" && apt-get download -q libgloo-dev libgtest-dev libgmock-dev libfmt-dev libfmt9 nlohmann-json3-dev)
+  for deb in "$kit"/debs/*.deb; do dpkg -x "$deb" "$kit"; done
+  rm -rf "$kit/debs" "$kit/usr/share/doc" "$kit/usr/share/lintian" "$kit/usr/src"
+  # Debian's libgloo-dev would also bring its libgloo.so: never link it next to a wheel's (linked-in) Gloo.
+  rm -rf "$kit/usr/lib/libgloo.so"* "$kit/usr/share/cmake/Gloo"
+  echo "gpu-check: $kit: $(du -sh "$kit" | cut -f1) ($(find "$kit" -type f | wc -l) files)"
+}
+
+run() {
+  local out=${1:?usage: scripts/gpu-check.sh run OUT}
+  [ -d "$kit/usr/include/gloo" ] || { echo "gpu-check: $kit is missing: run 'scripts/gpu-check.sh prepare' first" >&2; exit 1; }
+  mkdir -p "$out"
+  local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu} start=$SECONDS
+  nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "gpu-check: nvidia-smi failed (no GPU?)" | tee -a "$out/summary.txt"
+  # The GPU's own architecture, so that nothing is compiled for others (ampp has no .cu files; the
+  # wheel's CMake wants the list all the same).
+  local arch
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${arch:-9.0}}
+  "$python" -c "import torch; print('python torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)" \
+    | tee -a "$out/summary.txt"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAMPP_TORCH=wheel \
+    -DAMPP_PYTHON="$python" -DCMAKE_PREFIX_PATH="$kit/usr" -DAMPP_BUILD_TRAIN=OFF -DAMPP_BUILD_TOOLS=OFF \
+    -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF > "$out/configure.log" 2>&1 ||
+    { tail -30 "$out/configure.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target ampp_gpu_tests > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+  echo "gpu-check: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  local code=0
+  AMPP_GPU_REPORT_DIR="$out" "$build/tests/gpu/ampp_gpu_tests" --gtest_output="json:$out/gpu_tests.json" \
+    > "$out/gpu_tests.log" 2>&1 || code=$?
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|tests? ran" "$out/gpu_tests.log" | tee -a "$out/summary.txt"
+  echo "gpu-check: done in $((SECONDS - start)) s, GPU suite exit code $code" | tee -a "$out/summary.txt"
+  return $code
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run "${2:-}" ;;
+  *) echo "usage: scripts/gpu-check.sh prepare | run OUT" >&2; exit 2 ;;
+esac

@@ -1,0 +1,265 @@
+// The GPU suite: ampp on a real CUDA device, against Python torch on the same GPU where PyTorch defines
+// the answer (gpu_oracle.py). Every test skips, naming what is missing, where no GPU is visible.
+#include <ampp/amp/initialize.h>
+#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/dist/process_group.h>
+#include <ampp/precision/autocast.h>
+#include <ampp/scaling/grad_scaler.h>
+#include <ampp/util/torch_version.h>
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "ampp_test.h"
+#include "oracle.h"
+
+namespace {
+
+using ampp_oracle::json;
+
+std::string no_gpu_reason() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return AMPP_TEST_TORCH_HAS_CUDA
+             ? std::string("no CUDA device: this LibTorch has CUDA, but torch::cuda::is_available() is false (no GPU "
+                           "or driver on this machine; CUDA_VISIBLE_DEVICES='") +
+                   (visible ? visible : "") + "')"
+             : "no CUDA device: this LibTorch is CPU-only (a CUDA build: AMPP_TORCH=cuda, or scripts/gpu-check.sh "
+               "on a machine with a GPU)";
+}
+
+#define AMPP_REQUIRE_GPU() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << no_gpu_reason()
+
+// The inputs every op below uses, made once on the CPU (both sides decode the same bits).
+std::map<std::string, torch::Tensor> op_inputs() {
+  torch::manual_seed(0);
+  return {{"x", torch::randn({8, 16})},          {"w", torch::randn({16, 12}) / 4},
+          {"img", torch::randn({2, 3, 8, 8})},   {"kernel", torch::randn({4, 3, 3, 3}) / 3},
+          {"logits", torch::randn({8, 10}) * 3}, {"target", torch::randint(0, 10, {8})}};
+}
+
+using Op = std::function<torch::Tensor()>;
+namespace F = torch::nn::functional;
+
+// The same ops as gpu_oracle.py's table, on `t`'s device.
+std::map<std::string, Op> ops(std::map<std::string, torch::Tensor>& t) {
+  auto& x = t["x"];
+  auto& w = t["w"];
+  auto& img = t["img"];
+  auto& kernel = t["kernel"];
+  auto& logits = t["logits"];
+  auto& target = t["target"];
+  auto q = [&img] { return img.slice(1, 0, 1); };
+  return {
+      {"mm", [&] { return torch::mm(x, w); }},
+      {"addmm", [&] { return torch::addmm(x.slice(1, 0, 1).expand({-1, w.size(1)}).contiguous(), x, w); }},
+      {"conv2d", [&] { return F::conv2d(img, kernel, F::Conv2dFuncOptions().padding(1)); }},
+      {"conv2d_same", [&] { return F::conv2d(img, kernel, F::Conv2dFuncOptions().padding(torch::kSame)); }},
+      {"relu", [&] { return torch::relu(torch::mm(x, w)); }},
+      {"gelu", [&] { return F::gelu(torch::mm(x, w)); }},
+      {"softmax", [&] { return torch::softmax(torch::mm(x, w), 1); }},
+      {"log_softmax", [&] { return torch::log_softmax(torch::mm(x, w), 1); }},
+      {"layer_norm", [&] { return F::layer_norm(torch::mm(x, w), F::LayerNormFuncOptions({w.size(1)})); }},
+      {"sum", [&] { return torch::mm(x, w).sum(); }},
+      {"exp", [&] { return torch::exp(torch::mm(x, w) / 16); }},
+      {"cross_entropy", [&] { return F::cross_entropy(logits, target); }},
+      {"cross_entropy_half", [&] { return F::cross_entropy(logits.to(torch::kHalf), target); }},
+#if AMPP_TORCH_AT_LEAST(2, 0)  // scaled_dot_product_attention is new in 2.0
+      {"sdpa", [=] { return at::scaled_dot_product_attention(q(), q(), q()); }},
+      {"sdpa_causal", [=] { return at::scaled_dot_product_attention(q(), q(), q(), {}, 0.0, true); }},
+#endif
+  };
+}
+
+std::map<std::string, torch::Tensor> on(std::map<std::string, torch::Tensor> t, torch::Device device) {
+  for (auto& [name, tensor] : t) tensor = tensor.to(device);
+  return t;
+}
+
+// The oracle's answer for every op under torch.autocast("cuda", dtype).
+std::optional<json> python_autocast(c10::ScalarType dtype, const std::map<std::string, torch::Tensor>& inputs,
+                                    const std::vector<std::string>& names) {
+  json in = {{"kind", "autocast"}, {"dtype", ampp_oracle::dtype_name(dtype)}, {"ops", names}, {"inputs", json::object()}};
+  for (const auto& [name, t] : inputs) in["inputs"][name] = ampp_oracle::encode(t);
+  return ampp_oracle::run("gpu_oracle.py", in);
+}
+
+}  // namespace
+
+// Native CUDA autocast (LibTorch's AutocastCUDA kernels) under ampp::autocast: every op's output dtype
+// is Python's, and its values are within fp16/bf16 rounding of Python's.
+TEST(GpuAutocast, OpDtypesAndValuesMatchPythonOnTheSameGpu) {
+  AMPP_REQUIRE_GPU();
+  const auto inputs = op_inputs();
+  auto cuda = on(inputs, torch::kCUDA);
+  const auto table = ops(cuda);
+  std::vector<std::string> names;
+  for (const auto& [name, op] : table) names.push_back(name);
+  for (const auto dtype : {torch::kHalf, torch::kBFloat16}) {
+    const auto oracle = python_autocast(dtype, inputs, names);
+    if (!oracle) GTEST_SKIP() << ampp_oracle::skip_message();
+    for (const auto& [name, op] : table) {
+      torch::Tensor y;
+      {
+        ampp::autocast region(torch::kCUDA, dtype);
+        y = op();
+      }
+      const json& expected = (*oracle)[name];
+      EXPECT_EQ(ampp_oracle::dtype_name(y.scalar_type()), expected["dtype"].get<std::string>()) << name;
+      const auto theirs = ampp_oracle::decode(expected["value"]);
+      EXPECT_TRUE(torch::allclose(y.to(torch::kCPU, torch::kFloat), theirs, 1e-3, 1e-3))
+          << name << " " << c10::toString(dtype) << ": max |diff| "
+          << (y.to(torch::kCPU, torch::kFloat) - theirs).abs().max().item<double>();
+    }
+  }
+}
+
+// Regions nest; enabled=false makes an fp32 section inside one; leaving restores the state.
+TEST(GpuAutocast, RegionsNestAndRestore) {
+  AMPP_REQUIRE_GPU();
+  auto a = torch::randn({4, 4}, torch::kCUDA), b = torch::randn({4, 4}, torch::kCUDA);
+  {
+    ampp::autocast outer(torch::kCUDA, torch::kHalf);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kHalf);
+    {
+      ampp::autocast fp32(torch::kCUDA, torch::kHalf, /*enabled=*/false);
+      EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat);
+      ampp::autocast inner(torch::kCUDA, torch::kBFloat16);
+      EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+    }
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kHalf);
+    EXPECT_TRUE(ampp::is_autocast_enabled(torch::kCUDA));
+  }
+  EXPECT_FALSE(ampp::is_autocast_enabled(torch::kCUDA));
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat);
+}
+
+// How close ampp's CPU fp16 emulation comes to real CUDA fp16, op by op, on the same inputs. Prints
+// the table (and writes it to $AMPP_GPU_REPORT_DIR/fp16_emulation.md when set, for docs/gpu.md). The
+// two known gaps (conv2d with padding="same" runs outside the emulation; cross_entropy of half logits
+// stays half) are reported, not asserted; every other op must agree within fp16 rounding.
+TEST(GpuAutocast, CpuFp16EmulationAgainstCudaFp16) {
+  AMPP_REQUIRE_GPU();
+  const auto inputs = op_inputs();
+  auto cpu = on(inputs, torch::kCPU);
+  auto cuda = on(inputs, torch::kCUDA);
+  const auto cpu_ops = ops(cpu), cuda_ops = ops(cuda);
+  std::string report = "| op | CPU emulation dtype | CUDA dtype | max abs diff | max rel diff |\n|---|---|---|---|---|\n";
+  for (const auto& [name, op] : cuda_ops) {
+    torch::Tensor emulated, real;
+    {
+      ampp::autocast region(torch::kCPU, torch::kHalf);
+      emulated = cpu_ops.at(name)();
+    }
+    {
+      ampp::autocast region(torch::kCUDA, torch::kHalf);
+      real = op();
+    }
+    const auto e = emulated.to(torch::kFloat), r = real.to(torch::kCPU, torch::kFloat);
+    const double abs_diff = (e - r).abs().max().item<double>();
+    const double rel_diff = abs_diff / std::max(r.abs().max().item<double>(), 1e-30);
+    char row[256];
+    std::snprintf(row, sizeof(row), "| %s | %s | %s | %.3g | %.3g |\n", name.c_str(),
+                  c10::toString(emulated.scalar_type()), c10::toString(real.scalar_type()), abs_diff, rel_diff);
+    report += row;
+    const bool known_gap = name == "conv2d_same" || name == "cross_entropy_half";
+    if (!known_gap) EXPECT_LE(rel_diff, 1e-2) << name;
+  }
+  std::printf("%s", report.c_str());
+  if (const char* dir = std::getenv("AMPP_GPU_REPORT_DIR")) std::ofstream(std::string(dir) + "/fp16_emulation.md") << report;
+}
+
+// GradScaler on CUDA: ATen's fused unscale and update kernels; the scale trajectory and the
+// parameters after every step are torch.amp.GradScaler("cuda")'s, bit for bit.
+TEST(GpuGradScaler, TrajectoryMatchesTorchOnTheSameGpu) {
+  AMPP_REQUIRE_GPU();
+  torch::manual_seed(1);
+  std::vector<torch::Tensor> start = {torch::randn({5, 3}), torch::randn({7})};
+  std::vector<std::vector<torch::Tensor>> steps;
+  for (int s = 0; s < 12; ++s) {
+    std::vector<torch::Tensor> grads = {torch::randn({5, 3}), torch::randn({7})};
+    if (s == 3 || s == 4 || s == 9) grads[0][1][2] = std::numeric_limits<float>::infinity();
+    if (s == 7) grads[1][4] = std::numeric_limits<float>::quiet_NaN();
+    steps.push_back(grads);
+  }
+  json in = {{"kind", "grad_scaler"},
+             {"lr", ampp_oracle::double_bits(0.01)},
+             {"init_scale", ampp_oracle::double_bits(1024.0)},
+             {"growth_interval", 3},
+             {"params", json::array()},
+             {"steps", json::array()}};
+  for (const auto& p : start) in["params"].push_back(ampp_oracle::encode(p));
+  for (const auto& grads : steps) {
+    json g = json::array();
+    for (const auto& t : grads) g.push_back(ampp_oracle::encode(t));
+    in["steps"].push_back(g);
+  }
+  const auto oracle = ampp_oracle::run("gpu_oracle.py", in);
+  if (!oracle) GTEST_SKIP() << ampp_oracle::skip_message();
+  std::vector<torch::Tensor> params;
+  for (const auto& p : start) params.push_back(p.to(torch::kCUDA).requires_grad_());
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.01));
+  ampp::GradScaler scaler(ampp::GradScalerOptions().init_scale(1024.0).growth_interval(3));
+  for (size_t s = 0; s < steps.size(); ++s) {
+    sgd.zero_grad();
+    auto loss = (params[0] * steps[s][0].to(torch::kCUDA)).sum() + (params[1] * steps[s][1].to(torch::kCUDA)).sum();
+    scaler.scale(loss).backward();
+    scaler.step(sgd);
+    scaler.update();
+    const json& expected = (*oracle)["steps"][s];
+    EXPECT_EQ(scaler.get_scale(), expected["scale"].get<double>()) << "step " << s;
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_TRUE(ampp_oracle::same_bits(params[i].detach().cpu(), ampp_oracle::decode(expected["params"][i])))
+          << "step " << s << " param " << i;
+  }
+}
+
+// apex O2 on the GPU: the model in fp16, FP32 masters and the optimizer's state on the same GPU, a
+// scaled step taken, and a PyTorch-format checkpoint of it readable on the CPU.
+TEST(GpuAmp, O2KeepsFp32MastersOnTheGpuAndItsCheckpointLoadsOnTheCpu) {
+  AMPP_REQUIRE_GPU();
+  torch::manual_seed(2);
+  auto model = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
+  model->to(torch::kCUDA);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  ampp::Amp amp = ampp::initialize(model, sgd, "O2");
+  for (const auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), torch::kHalf);
+  for (const auto& m : amp.master_params()) {
+    EXPECT_EQ(m.scalar_type(), torch::kFloat);
+    EXPECT_TRUE(m.is_cuda());
+  }
+  const auto before = amp.master_params()[0].clone();
+  auto x = torch::randn({8, 16}, torch::kCUDA);
+  auto loss = amp.forward(model, x).to(torch::kFloat).pow(2).mean();
+  amp.scale_loss(loss).backward();
+  EXPECT_TRUE(amp.step());
+  EXPECT_FALSE(torch::equal(before, amp.master_params()[0])) << "the step changed the masters";
+  ampp_test::TempDir tmp;
+  const std::string path = (tmp.path() / "o2.pt").string();
+  ampp::save_pytorch(ampp::module_state_dict(*model), path);
+  const auto loaded = ampp::load_pytorch(path).toGenericDict();
+  EXPECT_TRUE(loaded.at("0.weight").toTensor().device().is_cpu());
+  EXPECT_TRUE(torch::equal(loaded.at("0.weight").toTensor(), model[0]->as<torch::nn::Linear>()->weight.cpu().to(torch::kFloat)));
+}
+
+// init_process_group("nccl") at world size 1 reduces CUDA tensors; Gloo reduces them too.
+TEST(GpuDist, NcclAndGlooReduceCudaTensorsAtWorldSizeOne) {
+  AMPP_REQUIRE_GPU();
+  for (const std::string backend : {"nccl", "gloo"}) {
+    auto pg = ampp::dist::init_process_group(ampp::dist::InitOptions()
+                                                 .backend(backend)
+                                                 .init_method("tcp://127.0.0.1:" + std::to_string(ampp_test::free_port()))
+                                                 .rank(0)
+                                                 .world_size(1));
+    std::vector<torch::Tensor> t = {torch::arange(6, torch::TensorOptions(torch::kCUDA).dtype(torch::kFloat))};
+    pg.c10d()->allreduce(t)->wait();
+    EXPECT_TRUE(torch::equal(t[0].cpu(), torch::arange(6, torch::kFloat))) << backend;
+  }
+}
