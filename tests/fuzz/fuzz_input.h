@@ -3,6 +3,7 @@
 // to this process's own file first; and every byte of a loaded tensor's storage is read here, in
 // instrumented code, so that AddressSanitizer sees a storage that claims more bytes than were
 // allocated for it (LibTorch's own reads are not instrumented).
+#include <ampp/util/for_each_tensor.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -31,19 +32,6 @@ inline void touch_storage(const torch::Tensor& t) {
   (void)sum;
 }
 
-inline void touch_all(const c10::IValue& value) {
-  std::vector<c10::IValue> pending{value};
-  while (!pending.empty()) {
-    const c10::IValue v = std::move(pending.back());
-    pending.pop_back();
-    if (v.isTensor()) touch_storage(v.toTensor());
-    if (v.isTuple())
-      for (const auto& e : v.toTupleRef().elements()) pending.push_back(e);
-    if (v.isList())
-      for (const auto& e : v.toListRef()) pending.push_back(e);
-    if (v.isGenericDict())
-      for (const auto& item : v.toGenericDict()) pending.push_back(item.key()), pending.push_back(item.value());
-  }
-}
+inline void touch_all(const c10::IValue& value) { ampp::for_each_tensor(value, touch_storage); }
 
 }  // namespace fuzz

@@ -27,8 +27,9 @@ using ampp_oracle::json;
 std::string no_gpu_reason() {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   return AMPP_TEST_TORCH_HAS_CUDA
-             ? std::string("no CUDA device: this LibTorch has CUDA, but torch::cuda::is_available() is false (no GPU "
-                           "or driver on this machine; CUDA_VISIBLE_DEVICES='") +
+             ? std::string(
+                   "no CUDA device: this LibTorch has CUDA, but torch::cuda::is_available() is false (no GPU "
+                   "or driver on this machine; CUDA_VISIBLE_DEVICES='") +
                    (visible ? visible : "") + "')"
              : "no CUDA device: this LibTorch is CPU-only (a CUDA build: AMPP_TORCH=cuda, or scripts/gpu-check.sh "
                "on a machine with a GPU)";
@@ -86,7 +87,8 @@ std::map<std::string, torch::Tensor> on(std::map<std::string, torch::Tensor> t, 
 // The oracle's answer for every op under torch.autocast("cuda", dtype).
 std::optional<json> python_autocast(c10::ScalarType dtype, const std::map<std::string, torch::Tensor>& inputs,
                                     const std::vector<std::string>& names) {
-  json in = {{"kind", "autocast"}, {"dtype", ampp_oracle::dtype_name(dtype)}, {"ops", names}, {"inputs", json::object()}};
+  json in = {
+      {"kind", "autocast"}, {"dtype", ampp_oracle::dtype_name(dtype)}, {"ops", names}, {"inputs", json::object()}};
   for (const auto& [name, t] : inputs) in["inputs"][name] = ampp_oracle::encode(t);
   return ampp_oracle::run("gpu_oracle.py", in);
 }
@@ -151,7 +153,8 @@ TEST(GpuAutocast, CpuFp16EmulationAgainstCudaFp16) {
   auto cpu = on(inputs, torch::kCPU);
   auto cuda = on(inputs, torch::kCUDA);
   const auto cpu_ops = ops(cpu), cuda_ops = ops(cuda);
-  std::string report = "| op | CPU emulation dtype | CUDA dtype | max abs diff | max rel diff |\n|---|---|---|---|---|\n";
+  std::string report =
+      "| op | CPU emulation dtype | CUDA dtype | max abs diff | max rel diff |\n|---|---|---|---|---|\n";
   for (const auto& [name, op] : cuda_ops) {
     torch::Tensor emulated, real;
     {
@@ -173,7 +176,8 @@ TEST(GpuAutocast, CpuFp16EmulationAgainstCudaFp16) {
     if (!known_gap) EXPECT_LE(rel_diff, 1e-2) << name;
   }
   std::printf("%s", report.c_str());
-  if (const char* dir = std::getenv("AMPP_GPU_REPORT_DIR")) std::ofstream(std::string(dir) + "/fp16_emulation.md") << report;
+  if (const char* dir = std::getenv("AMPP_GPU_REPORT_DIR"))
+    std::ofstream(std::string(dir) + "/fp16_emulation.md") << report;
 }
 
 // GradScaler on CUDA: ATen's fused unscale and update kernels; the scale trajectory and the
@@ -246,18 +250,20 @@ TEST(GpuAmp, O2KeepsFp32MastersOnTheGpuAndItsCheckpointLoadsOnTheCpu) {
   ampp::save_pytorch(ampp::module_state_dict(*model), path);
   const auto loaded = ampp::load_pytorch(path).toGenericDict();
   EXPECT_TRUE(loaded.at("0.weight").toTensor().device().is_cpu());
-  EXPECT_TRUE(torch::equal(loaded.at("0.weight").toTensor(), model[0]->as<torch::nn::Linear>()->weight.cpu().to(torch::kFloat)));
+  EXPECT_TRUE(torch::equal(loaded.at("0.weight").toTensor(),
+                           model[0]->as<torch::nn::Linear>()->weight.cpu().to(torch::kFloat)));
 }
 
 // init_process_group("nccl") at world size 1 reduces CUDA tensors; Gloo reduces them too.
 TEST(GpuDist, NcclAndGlooReduceCudaTensorsAtWorldSizeOne) {
   AMPP_REQUIRE_GPU();
   for (const std::string backend : {"nccl", "gloo"}) {
-    auto pg = ampp::dist::init_process_group(ampp::dist::InitOptions()
-                                                 .backend(backend)
-                                                 .init_method("tcp://127.0.0.1:" + std::to_string(ampp_test::free_port()))
-                                                 .rank(0)
-                                                 .world_size(1));
+    auto pg =
+        ampp::dist::init_process_group(ampp::dist::InitOptions()
+                                           .backend(backend)
+                                           .init_method("tcp://127.0.0.1:" + std::to_string(ampp_test::free_port()))
+                                           .rank(0)
+                                           .world_size(1));
     std::vector<torch::Tensor> t = {torch::arange(6, torch::TensorOptions(torch::kCUDA).dtype(torch::kFloat))};
     pg.c10d()->allreduce(t)->wait();
     EXPECT_TRUE(torch::equal(t[0].cpu(), torch::arange(6, torch::kFloat))) << backend;

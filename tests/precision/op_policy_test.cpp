@@ -70,7 +70,7 @@ TEST_F(OpPolicy, DefaultCpuTableCoversExactlyLibTorchsCpuList) {
 #endif
   const auto& libtorch = ampp::precision::detail::libtorch_cpu_autocast_ops();
   EXPECT_GT(libtorch.size(), 100u);
-  EXPECT_EQ(ampp_ops, libtorch);
+  EXPECT_TRUE(ampp_test::same_ops(ampp_ops, libtorch));
 #if AMPP_TORCH_AT_LEAST(2, 0)
   EXPECT_EQ(ampp::policy_of("conv_transpose2d.input"), CastPolicy::kLowerPrecision);
   EXPECT_EQ(ampp::policy_of("scaled_dot_product_attention"), CastPolicy::kLowerPrecision);

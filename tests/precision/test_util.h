@@ -8,6 +8,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+
 namespace ampp_test {
 
 // The precision tests check dtypes and exact values; one thread keeps reductions deterministic.
@@ -26,6 +29,18 @@ inline torch::autograd::Node* weight_cast_node(const torch::Tensor& y, size_t ed
   torch::autograd::Node* node = y.grad_fn().get();
   while (node->name().find("ToCopyBackward") != std::string::npos) node = node->next_edges().at(0).function.get();
   return node->next_edges().at(edge).function.get();
+}
+
+// Two op sets equal, or a failure that lists what only each side has (the sets are 100+ names long).
+inline ::testing::AssertionResult same_ops(const std::set<std::string>& ampp, const std::set<std::string>& libtorch) {
+  std::string only_ampp, only_libtorch;
+  for (const auto& op : ampp)
+    if (!libtorch.count(op)) only_ampp += " " + op;
+  for (const auto& op : libtorch)
+    if (!ampp.count(op)) only_libtorch += " " + op;
+  if (only_ampp.empty() && only_libtorch.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "only in ampp's table:" << only_ampp
+                                       << "; only in LibTorch's list:" << only_libtorch;
 }
 
 }  // namespace ampp_test

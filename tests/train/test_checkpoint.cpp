@@ -141,3 +141,19 @@ TEST(Checkpoint, AnImpossiblePositionIsAClearError) {
     if (step != 7) AMPP_EXPECT_THROW_WITH(TrainingCheckpoint{path.string()}, "its position is impossible");
   }
 }
+
+// Found by tests/fuzz/fuzz_ampp_checkpoint (corpus/ampp_checkpoint/miniz_init_leak.ampp): a payload
+// whose zip LibTorch's reader refuses (and leaks 152 bytes on, inside LibTorch: tests/fuzz/lsan.supp)
+// is one line naming the checkpoint.
+TEST(Checkpoint, APayloadLibTorchsZipReaderRefusesIsOneLine) {
+  ampp_test::TempDir tmp;
+  std::ifstream in(std::string(AMPP_FUZZ_CORPUS_DIR) + "/ampp_checkpoint/miniz_init_leak.ampp", std::ios::binary);
+  ASSERT_TRUE(in);
+  const std::string seed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(seed[0] % 2, 0) << "an even first byte: the rest is the payload (fuzz_ampp_checkpoint.cpp)";
+  const fs::path path = tmp.path() / "checkpoint.ampp";
+  spit(path, checkpoint_file_bytes(seed.substr(1)));
+  const std::string message = ampp_test::error_of([&] { TrainingCheckpoint{path.string()}; });
+  EXPECT_THAT(message, ::testing::HasSubstr("passed its checksum but LibTorch cannot read the archive inside"));
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}

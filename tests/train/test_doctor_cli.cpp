@@ -73,6 +73,8 @@ TEST(DoctorCli, ADivergingRunIsDiagnosedAsALearningRateProblem) {
   EXPECT_GT(j.at("steps_with_non_finite_gradients").get<int64_t>(), 0);
   EXPECT_TRUE(j.at("recommendation").at("lower_learning_rate").get<bool>());
   EXPECT_FALSE(fs::exists(out / "doctor_gradients.png"));
+  // A diagnosis is the result; non-finite weights are never saved (the test loss is NaN here).
+  EXPECT_FALSE(fs::exists(out / "model.pt"));
 }
 
 // ampp train --doctor writes the report also when the run stops for divergence.

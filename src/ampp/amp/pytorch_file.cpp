@@ -3,6 +3,7 @@
 // LibTorch's unpickler, and every tensor checked against its record before anything reads it.
 #include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/util/atomic_file.h>
+#include <ampp/util/for_each_tensor.h>
 #include <ampp/util/parse_number.h>
 
 #include "ordered_dict_pickle.h"
@@ -73,22 +74,6 @@ void check_tensor(const torch::Tensor& t, const RecordSizes& records) {
               "')");
 }
 
-// Every tensor in `value`, walked with an explicit stack (check_pickle() bounded the depth already).
-void check_tensors(const c10::IValue& value, const RecordSizes& records) {
-  std::vector<c10::IValue> pending{value};
-  while (!pending.empty()) {
-    const c10::IValue v = std::move(pending.back());
-    pending.pop_back();
-    if (v.isTensor()) check_tensor(v.toTensor(), records);
-    if (v.isTuple())
-      for (const auto& e : v.toTupleRef().elements()) pending.push_back(e);
-    if (v.isList())
-      for (const auto& e : v.toListRef()) pending.push_back(e);
-    if (v.isGenericDict())
-      for (const auto& item : v.toGenericDict()) pending.push_back(item.key()), pending.push_back(item.value());
-  }
-}
-
 c10::IValue unpickle_checked(detail::ZipRecords& zip) {
   const std::string original = zip.read_string("data.pkl");
   detail::check_pickle(original);
@@ -111,7 +96,7 @@ c10::IValue unpickle_checked(detail::ZipRecords& zip) {
   };
   torch::jit::ObjLoader no_objects = nullptr;
   // map_location="cpu": the unpickler would otherwise copy a "cuda" storage to the GPU before
-  // check_tensors() has compared its size with its record.
+  // check_tensor() has compared its size with its record.
   torch::jit::Unpickler unpickler(read, nullptr, no_objects, read_record, at::Device(at::kCPU));
   const std::string version_record = zip.contains(".data/version") ? ".data/version" : "version";
   if (zip.contains(version_record)) {
@@ -122,7 +107,7 @@ c10::IValue unpickle_checked(detail::ZipRecords& zip) {
     unpickler.set_version(*version);
   }
   c10::IValue value = detail::without_metadata(unpickler.parse_ivalue());
-  check_tensors(value, records);
+  for_each_tensor(value, [&records](const torch::Tensor& t) { check_tensor(t, records); });
   return value;
 }
 

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <thread>
 
+#include <c10/util/Logging.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -142,6 +144,39 @@ std::string local_address_towards(const std::string& host, int port) {
 
 std::string seconds(std::chrono::milliseconds t) { return fmt::format("{:g}s", t.count() / 1000.0); }
 
+// c10d's message without LibTorch's "Exception raised from ..." backtrace: the first line.
+std::string first_line_of(const std::exception& e) {
+  const auto* error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = error ? error->what_without_backtrace() : e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+// c10d logs every failed connect attempt with a C++ backtrace on stderr; ampp reports the failure
+// itself, in one line, so LibTorch's log shows only FATAL messages while a client connects.
+class QuietLibTorchLog {
+ public:
+  QuietLibTorchLog() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = 3; }  // 3: FATAL
+  ~QuietLibTorchLog() { FLAGS_caffe2_log_level = saved_; }
+  QuietLibTorchLog(const QuietLibTorchLog&) = delete;
+  QuietLibTorchLog& operator=(const QuietLibTorchLog&) = delete;
+
+ private:
+  int saved_;
+};
+
+// A client's TCPStore tries to connect twice, each time for the whole timeout (LibTorch 2.x), so a
+// missing master took twice the timeout to report: each try gets half, then the store's operations
+// get the whole timeout back.
+c10::intrusive_ptr<c10d::Store> connect_tcp_store(const std::string& host, c10d::TCPStoreOptions o) {
+  const auto timeout = o.timeout;
+  if (o.isServer) return c10::make_intrusive<c10d::TCPStore>(host, o);
+  o.timeout = std::max(timeout / 2, std::chrono::milliseconds(1));
+  QuietLibTorchLog quiet;
+  auto store = c10::make_intrusive<c10d::TCPStore>(host, o);
+  store->setTimeout(timeout);
+  return store;
+}
+
 // rank 0 hosts the store; rank -1 connects as a client only (the store's host is torchrun's agent).
 c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port, int rank,
                                                std::chrono::milliseconds timeout, const std::string& origin) {
@@ -155,9 +190,9 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port
   o.timeout = timeout;
   o.multiTenant = true;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(host, o);
+    return connect_tcp_store(host, o);
   } catch (const std::exception& e) {
-    const std::string what = e.what();
+    const std::string what = first_line_of(e);
     if (rank == 0) {
       const bool in_use = compat::is_address_in_use(what);
       TORCH_CHECK(!in_use, "ampp::dist::init_process_group: rank 0 cannot listen on port ", port, " (", origin,
@@ -213,13 +248,12 @@ void check_membership_impl(c10d::Store& store, int rank, int world, std::chrono:
   } catch (const std::exception& e) {
     // A closed connection (rank 0 exited after reporting an error) is not a timeout. (c10::Error's
     // what() carries a backtrace whose frames must not be read as the message.)
-    const auto* error = dynamic_cast<const c10::Error*>(&e);
-    const std::string what = error ? error->what_without_backtrace() : e.what();
+    const std::string what = first_line_of(e);
     if (!compat::is_store_timeout(what)) lost_store(rank, world, what);
     TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " timed out after ", seconds(timeout),
                 " waiting for rank 0 to join the rendezvous. Start a process with RANK=0, or raise the "
                 "timeout. c10d said: ",
-                e.what());
+                what);
   }
   const int w0 = std::atoi(std::string(w0_bytes.begin(), w0_bytes.end()).c_str());
   if (w0 != world)
@@ -259,9 +293,9 @@ void check_membership(c10d::Store& store, int rank, int world, std::chrono::mill
   } catch (const c10::Error& e) {
     // ampp's own errors pass through; 2.x reports store I/O as c10::DistNetworkError, a c10::Error.
     if (std::string(e.what_without_backtrace()).rfind("ampp::", 0) == 0) throw;
-    lost_store(rank, world, e.what_without_backtrace());
+    lost_store(rank, world, first_line_of(e));
   } catch (const std::exception& e) {
-    lost_store(rank, world, e.what());
+    lost_store(rank, world, first_line_of(e));
   }
 }
 
@@ -416,7 +450,7 @@ c10::intrusive_ptr<c10d::Store> open_store(const Membership& m, std::chrono::mil
       store = c10::make_intrusive<c10d::FileStore>(m.url.path, static_cast<int>(m.world));
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "ampp::dist::init_process_group: cannot open the rendezvous file '", m.url.path,
-                  "'. Use a path in a writable directory visible to every rank. c10d said: ", e.what());
+                  "'. Use a path in a writable directory visible to every rank. c10d said: ", first_line_of(e));
     }
     store->setTimeout(timeout);
     return store;
@@ -444,11 +478,11 @@ BackendMaker backend_maker(const InitOptions& options, const std::string& device
     } catch (const c10::Error&) {
       throw;
     } catch (const std::exception& e) {
-      TORCH_CHECK(
-          false, "ampp::dist::init_process_group: rank ", rank, " could not connect the ", options.backend(),
-          " backend to its peers within ", seconds(options.timeout()), " (address ",
-          device_address.empty() ? std::string("default") : device_address,
-          "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ", e.what());
+      TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " could not connect the ", options.backend(),
+                  " backend to its peers within ", seconds(options.timeout()), " (address ",
+                  device_address.empty() ? std::string("default") : device_address,
+                  "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ",
+                  first_line_of(e));
     }
   };
 }

@@ -83,10 +83,13 @@ void fill(Table& t, const char* const (&ops)[N], CastPolicy p) {
   for (const char* op : ops) t[op] = p;
 }
 
-bool has_schema(const std::string& key) {
+// Whether this LibTorch autocasts the op on CUDA: a kernel on AutocastCUDA (which CPU builds register
+// too, except for cuDNN's ops).
+bool autocast_cuda_has(const std::string& key) {
   const auto dot = key.find('.');
   const std::string overload = dot == std::string::npos ? "" : key.substr(dot + 1);
-  return c10::Dispatcher::singleton().findSchema({"aten::" + key.substr(0, dot), overload}).has_value();
+  const auto op = c10::Dispatcher::singleton().findSchema({"aten::" + key.substr(0, dot), overload});
+  return op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA);
 }
 
 Table default_table(c10::DeviceType device_type) {
@@ -108,10 +111,10 @@ Table default_table(c10::DeviceType device_type) {
     fill(t, kCudaPromote, CastPolicy::kPromote);
     fill(t, kCudaBanned, CastPolicy::kBanned);
     for (const auto& [key, policy] : precision::compat::cuda_policy_changes()) t[key] = policy;
-    // Drop removals and ops this LibTorch does not have (a test checks the result against LibTorch's
-    // AutocastCUDA registrations, which a CPU build has too).
+    // Drop removals and ops this LibTorch does not autocast on CUDA (a test checks the result against
+    // LibTorch's AutocastCUDA registrations).
     for (auto it = t.begin(); it != t.end();)
-      it = it->second != CastPolicy::kNone && has_schema(it->first) ? std::next(it) : t.erase(it);
+      it = it->second != CastPolicy::kNone && autocast_cuda_has(it->first) ? std::next(it) : t.erase(it);
   }
   return t;
 }

@@ -65,7 +65,8 @@ inline std::vector<std::pair<const char*, CastPolicy>> cpu_policy_changes() {
           {"_native_multi_head_attention", lower},
           {"linalg_vecdot", lower},
           {"_addmm_activation", lower},
-          {"mkldnn_rnn_layer", lower}};
+          {"mkldnn_rnn_layer", lower},
+          {"linalg_matrix_sqrth", CastPolicy::kFp32}};  // new in 2.14
 #else
   // 1.13 registers cat as a promote op, yet its cat behaves as ordinary type promotion (fp16 + bf16
   // gives float32, fp16 + fp16 in a bf16 region stays fp16) where 2.x, and 1.13's own stack and
@@ -76,12 +77,15 @@ inline std::vector<std::pair<const char*, CastPolicy>> cpu_policy_changes() {
 
 // CUDA autocast ops whose policy differs from 1.13's CUDA lists (op_policy.cpp) in the LibTorch built
 // against (2.13's AT_FORALL_* lists in ATen/autocast_mode.h): fp16 emulation on CPU follows these.
-// Ops a LibTorch does not have are dropped from the table (op_policy.cpp), so each 2.x gets its subset.
+// Ops a LibTorch does not autocast on CUDA are dropped from the table (op_policy.cpp), so each 2.x, and
+// each of its CPU and CUDA builds, gets its subset.
 inline std::vector<std::pair<const char*, CastPolicy>> cuda_policy_changes() {
 #if AMPP_TORCH_AT_LEAST(2, 0)
   const auto lower = CastPolicy::kLowerPrecision, fp32 = CastPolicy::kFp32;
   const auto set_opt_dtype = CastPolicy::kFp32SetOptDtype;
   return {{"linalg_vecdot", lower},
+          {"_cudnn_rnn", lower},          // registered only where LibTorch has cuDNN (its CUDA builds)
+          {"linalg_matrix_sqrth", fp32},  // new in 2.14
           {"scaled_dot_product_attention", lower},
           {"_scaled_dot_product_flash_attention", lower},
           {"rms_norm", fp32},

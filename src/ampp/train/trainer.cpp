@@ -389,11 +389,11 @@ void resume_from_pytorch(Run& run) {
   std::abort();  // not reached
 }
 
-void check_finite_weights(Run& run);  // below, with the divergence checks
+bool check_finite_weights(Run& run);  // below, with the divergence checks
 
 // Running sums become global totals held by rank 0, so any world size resumes them exactly.
 void save(Run& run, int64_t epoch, int64_t batch) {
-  check_finite_weights(run);
+  if (!check_finite_weights(run)) return;  // a diagnosis run goes on; the last checkpoint stays
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.sums = run.workers.leader() ? totals : EpochSums{};
   if (auto* zero = run.zero()) zero->consolidate_state_dict(0);  // every rank sends its shard to the leader
@@ -692,15 +692,20 @@ void check_divergence(Run& run, const StepResult& step) {
                                    run.recent_skipped, run.recent_skips.size(), last, limit));
 }
 
+// `ampp doctor` (doctor on, no divergence stop): a diagnosis runs every step and reports instead of
+// failing; it still never saves non-finite weights.
+bool diagnosis_only(const TrainOptions& o) { return o.doctor() && o.max_consecutive_skips() == 0; }
+
 // The weights (and O2's masters) must be finite before they are saved anywhere: a step taken on
 // finite gradients can still overflow them (fp16 at O3, a huge learning rate). The checkpoint already
-// on disk then keeps the last finite weights.
-void check_finite_weights(Run& run) {
+// on disk then keeps the last finite weights. false: not finite, in a diagnosis run.
+bool check_finite_weights(Run& run) {
   std::vector<torch::Tensor> weights = run.amp.master_params();
   for (const auto& p : run.model->parameters()) weights.push_back(p);
   for (const auto& b : run.model->buffers())
     if (b.is_floating_point()) weights.push_back(b);
-  if (!numerics::has_non_finite(weights)) return;
+  if (!numerics::has_non_finite(weights)) return true;
+  if (diagnosis_only(run.o)) return false;
   std::vector<std::string> names;
   for (const auto& item : run.model->named_parameters())
     if (!torch::isfinite(item.value()).all().item<bool>()) names.push_back(item.key());
@@ -709,10 +714,11 @@ void check_finite_weights(Run& run) {
                                  run.checkpoint.empty() ? "" : " (the last checkpoint keeps the last finite ones)"));
 }
 
-void check_final_loss(Run& run) {
-  if (!std::isfinite(run.last_eval.loss))
-    stop_diverged(run, fmt::format("after step {} the test loss is not finite ({})", run.position.global_step,
-                                   run.last_eval.loss));
+bool check_final_loss(Run& run) {
+  if (std::isfinite(run.last_eval.loss)) return true;
+  if (diagnosis_only(run.o)) return false;
+  stop_diverged(
+      run, fmt::format("after step {} the test loss is not finite ({})", run.position.global_step, run.last_eval.loss));
 }
 
 // Under TrainOptions::profile, rank 0 records the operators of steps kOpWindowFirst+1 to
@@ -889,10 +895,13 @@ std::vector<StepPhases> gather_step_phases(const Run& run) {
 
 // Rank 0: model.pt, the summary line and file, the summary table and the plots. Every file is
 // written atomically, summary.json last: its presence means the outputs are complete.
-void write_outputs(Run& run, const Summary& summary) {
+void write_outputs(Run& run, const Summary& summary, bool write_model = true) {
   if (!run.workers.leader()) return;
   const fs::path out(run.o.out());
-  save_fp32_model(*run.model, run, (out / "model.pt").string());
+  if (write_model)
+    save_fp32_model(*run.model, run, (out / "model.pt").string());
+  else
+    run.say("model.pt was not written: the weights or the test loss are not finite (the diagnosis is the result)");
   run.metrics->write_line(to_json(summary));
   write_file_atomic((out / "summary.json").string(), to_json(summary).dump(2) + "\n");
   if (run.o.progress()) std::printf("\n%s", summary_table(summary).c_str());
@@ -1017,9 +1026,8 @@ Summary train(const TrainOptions& options) {
     summary.memory = measure_memory(*run.model, run.optimizer, zero ? zero->local_optimizer() : run.optimizer,
                                     run.amp.master_gradient_buffers(), run.data, *tracker);
   }
-  check_finite_weights(run);
-  check_final_loss(run);
-  write_outputs(run, summary);
+  const bool finite = check_finite_weights(run) & check_final_loss(run);  // both: each may stop the run
+  write_outputs(run, summary, finite);
   if (run.workers.pg) run.workers.pg.barrier();
   return summary;
 }
