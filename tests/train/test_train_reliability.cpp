@@ -164,6 +164,18 @@ TEST(TrainReliability, AStreakBrokenByOneFiniteStepIsStillDivergence) {
   EXPECT_FALSE(fs::exists(tmp.path() / "out" / "model.pt"));
 }
 
+// Before: a missing node 0 was reported after twice --timeout, under three LibTorch backtraces.
+TEST(TrainReliability, AMissingMasterIsOneLineWithoutBacktraces) {
+  ampp_test::TempDir tmp;
+  const auto r = run_ampp("run --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-port " +
+                          std::to_string(ampp_test::free_port()) + " -- " + AMPP_CLI + " " +
+                          small_run(tmp.path(), "--nproc 1 --steps 2 --timeout 2"));
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 1 could not reach the master at 127.0.0.1:"));
+  EXPECT_THAT(r.output, Not(HasSubstr("frame #")));
+  EXPECT_THAT(r.output, Not(HasSubstr("Exception raised from")));
+}
+
 // The fault-injection hooks of the tests are not in the shipped binary: its environment and files
 // cannot reach them.
 TEST(TrainReliability, TheShippedBinaryHasNoFaultInjection) {
