@@ -14,14 +14,20 @@
 
 namespace fuzz {
 
+// This process's input file, removed when the fuzzer exits normally.
+struct InputFile {
+  std::string path;
+  ~InputFile() { std::remove(path.c_str()); }
+};
+
 inline std::string write_input(const uint8_t* data, size_t size, const char* suffix) {
-  static const std::string path =
-      (std::filesystem::temp_directory_path() / ("ampp-fuzz-" + std::to_string(::getpid()) + suffix)).string();
-  std::FILE* f = std::fopen(path.c_str(), "wb");
+  static const InputFile file{
+      (std::filesystem::temp_directory_path() / ("ampp-fuzz-" + std::to_string(::getpid()) + suffix)).string()};
+  std::FILE* f = std::fopen(file.path.c_str(), "wb");
   if (f == nullptr) std::abort();
   if (size > 0 && std::fwrite(data, 1, size, f) != size) std::abort();
   std::fclose(f);
-  return path;
+  return file.path;
 }
 
 inline void touch_storage(const torch::Tensor& t) {

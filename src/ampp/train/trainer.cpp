@@ -1026,8 +1026,9 @@ Summary train(const TrainOptions& options) {
     summary.memory = measure_memory(*run.model, run.optimizer, zero ? zero->local_optimizer() : run.optimizer,
                                     run.amp.master_gradient_buffers(), run.data, *tracker);
   }
-  const bool finite = check_finite_weights(run) & check_final_loss(run);  // both: each may stop the run
-  write_outputs(run, summary, finite);
+  const bool weights_finite = check_finite_weights(run);  // each may stop the run
+  const bool loss_finite = check_final_loss(run);
+  write_outputs(run, summary, weights_finite && loss_finite);
   if (run.workers.pg) run.workers.pg.barrier();
   return summary;
 }
