@@ -62,6 +62,14 @@ TEST(LayoutCli, AutoMeasuresEveryLayoutOnceSaysWhichWonAndReusesTheMeasurement) 
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("ampp train:"), std::string::npos) << "--quiet measures without a word\n" << r.output;
   EXPECT_EQ(read_json(file).size(), 2u) << "the cache gained the new job";
+
+  // Valid JSON with impossible entries (0 workers, a rate that is a string) is measured again too.
+  auto edited = read_json(file);
+  for (auto& [job, job_rates] : edited.items()) job_rates = {{"0", 1e9}, {"2", "fast"}};
+  std::ofstream(file) << edited.dump();
+  r = train_auto(tmp.path() / "edited", cache, "--steps 3 --model mlp");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("measured now"), std::string::npos) << r.output;
 }
 
 TEST(LayoutCli, AResumedRunKeepsTheWorkerCountOfItsCheckpoint) {

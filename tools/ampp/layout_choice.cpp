@@ -6,6 +6,7 @@
 #include <ampp/train/dataset.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/cache_dir.h>
+#include <ampp/util/parse_number.h>
 #include <ampp/util/threads.h>
 #include <ampp/util/torch_version.h>
 #include <c10/util/Exception.h>
@@ -17,6 +18,8 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -174,6 +177,18 @@ nlohmann::json read_cache(const std::string& file) {
   return j.is_object() ? j : nlohmann::json::object();  // an unreadable cache is measured again
 }
 
+// A cached entry is used only as measure() writes it: {"N": images/s} for this job's candidate worker
+// counts, each rate a finite positive number. Anything else (a damaged or edited file) is measured again.
+bool valid_rates(const nlohmann::json& rates, const std::vector<int>& nprocs) {
+  if (!rates.is_object() || rates.empty()) return false;
+  for (const auto& [nproc, rate] : rates.items()) {
+    const auto n = parse_int(nproc);
+    if (!n || std::find(nprocs.begin(), nprocs.end(), *n) == nprocs.end()) return false;
+    if (!rate.is_number() || !std::isfinite(rate.get<double>()) || rate.get<double>() <= 0) return false;
+  }
+  return true;
+}
+
 std::string workers_label(int nproc, const train::TrainOptions& o) {
   const int threads = o.threads() > 0 ? o.threads() : threads_per_worker(nproc);
   return fmt::format("{} worker{} x {} thread{}", nproc, nproc == 1 ? "" : "s", threads, threads == 1 ? "" : "s");
@@ -203,7 +218,8 @@ LayoutChoice choose_layout(const train::TrainOptions& o, const std::string& self
   if (nprocs.size() == 1) return {1, workers_label(1, o) + ": one core"};
   const std::string key = job_key(o);
   nlohmann::json cache = read_cache(cache_file);
-  if (cache.contains(key)) return fastest(cache[key], o, "measured earlier, " + cache_file);
+  if (cache.contains(key) && valid_rates(cache[key], nprocs))
+    return fastest(cache[key], o, "measured earlier, " + cache_file);
   if (o.progress()) {  // TrainOptions::progress: --quiet keeps the terminal quiet
     std::printf("ampp train: measuring which layout of workers x threads runs this job fastest here (once)...\n");
     std::fflush(stdout);
