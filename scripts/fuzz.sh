@@ -22,9 +22,9 @@ CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebI
   -DAMPP_BUILD_TOOLS=OFF -DAMPP_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$build" -j "${AMPP_JOBS:-$(nproc)}" --target "${harnesses[@]}"
 
-# Leaks are checked per input; tests/fuzz/lsan.supp lists the ones inside LibTorch (with their seeds).
+# Leaks are checked per input; tests/lsan.supp lists the ones inside LibTorch (with their seeds).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
-export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/fuzz/lsan.supp:print_suppressions=0}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 failed=0
 mkdir -p "$build/findings"

@@ -143,7 +143,7 @@ TEST(Checkpoint, AnImpossiblePositionIsAClearError) {
 }
 
 // Found by tests/fuzz/fuzz_ampp_checkpoint (corpus/ampp_checkpoint/miniz_init_leak.ampp): a payload
-// whose zip LibTorch's reader refuses (and leaks 152 bytes on, inside LibTorch: tests/fuzz/lsan.supp)
+// whose zip LibTorch's reader refuses (and leaks 152 bytes on, inside LibTorch: tests/lsan.supp)
 // is one line naming the checkpoint.
 TEST(Checkpoint, APayloadLibTorchsZipReaderRefusesIsOneLine) {
   ampp_test::TempDir tmp;
