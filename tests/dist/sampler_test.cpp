@@ -86,6 +86,24 @@ TEST(DistributedSampler, SamplerInterfaceBatchesAndReset) {
   EXPECT_EQ(*s.next(10), (V{5, 2, 9, 4}));
 }
 
+// Before: make_data_loader keeps its own copy of the sampler, set_epoch() on the caller's never reached
+// it, and every epoch came in the same order (issue 31). As in Python, the loader now follows it.
+TEST(DistributedSampler, SetEpochReachesTheDataLoadersCopy) {
+  auto sampler = make(16, 2, 0);
+  auto loader = torch::data::make_data_loader(torch::data::datasets::TensorDataset(torch::arange(16)), sampler,
+                                              torch::data::DataLoaderOptions().batch_size(16));
+  std::set<V> orders;
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    sampler.set_epoch(epoch);
+    V seen;
+    for (const auto& batch : *loader)
+      for (const auto& example : batch) seen.push_back(static_cast<size_t>(example.data.item<int64_t>()));
+    EXPECT_EQ(seen, sampler.indices()) << "epoch " << epoch;
+    orders.insert(seen);
+  }
+  EXPECT_EQ(orders.size(), 3u) << "each epoch reshuffles";
+}
+
 TEST(DistributedSampler, SaveLoadKeepsEpochAndPosition) {
   auto s = make(10, 3, 1);
   s.set_epoch(1);

@@ -5,6 +5,7 @@
 // LibTorch's own DistributedRandomSampler differs (std::shuffle by epoch, contiguous blocks).
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -29,9 +30,12 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   explicit DistributedSampler(size_t dataset_size, DistributedSamplerOptions options = {});
   DistributedSampler(size_t dataset_size, const ProcessGroup& group, DistributedSamplerOptions options = {});
 
-  // Only stores the epoch (as PyTorch); the order changes at the next reset()/indices().
+  // Only stores the epoch (as PyTorch); the order changes at the next reset()/indices(). Copies share
+  // the epoch: LibTorch's make_data_loader keeps a copy of the sampler it is given, and
+  // sampler.set_epoch(e) on the caller's object must reach that copy, as in Python, where the
+  // DataLoader holds the same sampler object (otherwise every epoch would shuffle alike).
   void set_epoch(int64_t epoch);
-  int64_t epoch() const { return epoch_; }
+  int64_t epoch() const { return *epoch_; }
 
   // This rank's indices for the current epoch (PyTorch's list(iter(sampler))).
   std::vector<size_t> indices() const;
@@ -52,7 +56,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   DistributedSamplerOptions options_;
   int64_t num_replicas_;
   int64_t rank_;
-  int64_t epoch_ = 0;
+  std::shared_ptr<int64_t> epoch_ = std::make_shared<int64_t>(0);  // shared by copies (set_epoch)
   size_t num_samples_ = 0;
   std::vector<size_t> current_;
   size_t position_ = 0;

@@ -34,7 +34,7 @@ void DistributedSampler::compute_num_samples() {
   num_samples_ = static_cast<size_t>((options_.drop_last() && n % r != 0) ? n / r : (n + r - 1) / r);
 }
 
-void DistributedSampler::set_epoch(int64_t epoch) { epoch_ = epoch; }
+void DistributedSampler::set_epoch(int64_t epoch) { *epoch_ = epoch; }
 
 std::vector<size_t> DistributedSampler::indices() const {
   const size_t n = dataset_size_, total = total_size();
@@ -42,7 +42,7 @@ std::vector<size_t> DistributedSampler::indices() const {
   all.reserve(std::max(n, total));
   if (options_.shuffle()) {
     // Same generator and kernel as torch.randperm(n, generator=g) with g.manual_seed(seed + epoch).
-    auto gen = at::detail::createCPUGenerator(options_.seed() + static_cast<uint64_t>(epoch_));
+    auto gen = at::detail::createCPUGenerator(options_.seed() + static_cast<uint64_t>(*epoch_));
     const auto perm = torch::randperm(static_cast<int64_t>(n), gen, torch::kLong);
     const auto* p = perm.data_ptr<int64_t>();
     for (size_t i = 0; i < n; ++i) all.push_back(static_cast<size_t>(p[i]));
@@ -83,7 +83,7 @@ torch::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size)
 }
 
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
-  archive.write("epoch", torch::tensor(epoch_, torch::kLong), /*is_buffer=*/true);
+  archive.write("epoch", torch::tensor(*epoch_, torch::kLong), /*is_buffer=*/true);
   archive.write("sample_index", torch::tensor(static_cast<int64_t>(position_), torch::kLong), /*is_buffer=*/true);
 }
 
@@ -91,7 +91,7 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   torch::Tensor epoch, index;
   archive.read("epoch", epoch, /*is_buffer=*/true);
   archive.read("sample_index", index, /*is_buffer=*/true);
-  epoch_ = epoch.item<int64_t>();
+  *epoch_ = epoch.item<int64_t>();
   reset();
   position_ = std::min(static_cast<size_t>(index.item<int64_t>()), current_.size());
 }
