@@ -4,6 +4,7 @@
 #include <ampp/precision/dtype.h>
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
+#include <ampp/train/gpt.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/cache_dir.h>
 #include <ampp/util/parse_number.h>
@@ -50,7 +51,10 @@ std::string job_key(const train::TrainOptions& o) {
       cpu_model(), usable_cores(), TORCH_VERSION, o.model(), train::dataset_name(o.data()), o.num_classes(),
       to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
       o.loss_scale() ? o.loss_scale()->to_string() : "default", o.batch_size(), o.threads(), o.sync_batch_norm(),
-      o.zero(), o.deterministic(), o.shared_memory_allreduce(), o.channels_last());
+      o.zero(), o.deterministic(), o.shared_memory_allreduce(), o.channels_last()) +
+         (train::is_gpt(o.model()) ? fmt::format(" context={} n_layer={} n_head={} n_embd={}", o.context(),
+                                                 o.n_layer(), o.n_head(), o.n_embd())
+                                   : "");
 }
 
 std::optional<int> checkpoint_world_size(const train::TrainOptions& o) {
@@ -107,6 +111,9 @@ std::vector<std::string> measurement_command(const std::string& self_exe, const 
                                 "--out",
                                 out.string()};
   if (!o.data().empty()) argv.insert(argv.end(), {"--data", o.data()});
+  for (auto [value, flag] : {std::pair{o.context(), "--context"}, {o.n_layer(), "--n-layer"}, {o.n_head(), "--n-head"},
+                             {o.n_embd(), "--n-embd"}})
+    if (value != 0) argv.insert(argv.end(), {flag, std::to_string(value)});
   if (o.loss_scale()) argv.insert(argv.end(), {"--loss-scale", o.loss_scale()->to_string()});
   for (auto [on, flag] :
        {std::pair{o.sync_batch_norm(), "--sync-bn"}, {o.zero(), "--zero"}, {o.deterministic(), "--deterministic"}})

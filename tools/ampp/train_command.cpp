@@ -99,9 +99,15 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
 
 void add_run_flags(CLI::App& sub, TrainArgs& a) {
   TrainOptions& o = a.options;
-  sub.add_option("--model", o.model(), "mlp, cnn (with BatchNorm) or resnet")->capture_default_str();
+  sub.add_option("--model", o.model(), "mlp, cnn (with BatchNorm), resnet, or a GPT: gpt-tiny, gpt-mini, gpt2-124m")
+      ->capture_default_str();
   sub.add_option("--data", o.data(),
-                 "Fashion-MNIST from dataset-fashion-mnist (default), 'synthetic[:N]' or an MNIST-format folder");
+                 "images: Fashion-MNIST from dataset-fashion-mnist (default), 'synthetic[:N]' or an MNIST-format "
+                 "folder; text (GPTs): 'text' (Debian's fortunes, the default) or 'text:FILE' (a file or folder)");
+  ampp::cli::add_number(sub, "--context", o.context(), "GPT: tokens per sequence (0: the preset's)");
+  ampp::cli::add_number(sub, "--n-layer", o.n_layer(), "GPT: blocks (0: the preset's)");
+  ampp::cli::add_number(sub, "--n-head", o.n_head(), "GPT: attention heads (0: the preset's)");
+  ampp::cli::add_number(sub, "--n-embd", o.n_embd(), "GPT: width, a multiple of --n-head (0: the preset's)");
   ampp::cli::add_number(sub, "--num-classes", o.num_classes(), "number of classes (0: from the labels)");
   sub.add_flag_callback(
       "--data-in-memory", [&o] { o.map_data(false); },

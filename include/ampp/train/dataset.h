@@ -1,11 +1,12 @@
 #pragma once
 // Datasets for `ampp train`: MNIST-format IDX folders (Fashion-MNIST by default), held in memory as
-// the files' uint8 pixels and standardised per batch (a quarter of float32's memory), and a seeded
-// synthetic set, held as standardised float tensors.
+// the files' uint8 pixels and standardised per batch (a quarter of float32's memory), a seeded
+// synthetic set, held as standardised float tensors, and byte-level text in fixed-length windows.
 #include <ampp/train/idx_file.h>
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ampp::train {
@@ -16,9 +17,10 @@ inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mni
 // One split, entirely in memory.
 struct Dataset {
   // [N, C, H, W]: uint8 pixels as the files hold them (standardised by select()/rows()), or float32
-  // values already standardised (synthetic data).
+  // values already standardised (synthetic data); text: [N, T] uint8 tokens (select()/rows() give int64).
   torch::Tensor images;
-  torch::Tensor labels;  // [N] int64
+  torch::Tensor labels;  // [N] int64; text: [N, T] int64, each window's next tokens
+  bool tokens = false;   // text windows, not images
   int64_t num_classes = 10;
   // uint8 images become (x / 255 - pixel_mean) / pixel_std in float32 (the training split's statistics).
   double pixel_mean = 0, pixel_std = 1;
@@ -35,6 +37,9 @@ struct DatasetPair {
   Dataset train;
   Dataset test;
   std::string description;  // e.g. "fashion-mnist (/usr/share/...): 60000 train, 10000 test"
+  // Text: the validation loss (nats per token) of the training text's token frequencies (add-one
+  // smoothed), the bar a language model must clear.
+  std::optional<double> unigram_loss;
 };
 
 // How MNIST-format folders are held.
@@ -44,6 +49,8 @@ struct DataLoading {
   TORCH_ARG(bool, map_files) = true;
   // Where gzip files are decompressed once to be mapped; "" = ampp::user_cache_dir()/datasets.
   TORCH_ARG(std::string, cache_dir) = "";
+  // Text: tokens per window (the model's context).
+  TORCH_ARG(int64_t, context) = 64;
 };
 
 // Loads an MNIST-format folder: train-images-idx3-ubyte, train-labels-idx1-ubyte,
@@ -68,12 +75,21 @@ struct SyntheticOptions {
 // the same options give bit-identical tensors on every process.
 DatasetPair make_synthetic(const SyntheticOptions& options = {});
 
+// Where Debian's `fortunes` package installs its text files: the default text.
+inline constexpr const char* kDefaultTextDir = "/usr/share/games/fortunes";
+
+// Byte-level text from a file, or from every regular file of a folder (by name; the `.dat` indexes of
+// fortune files and symbolic links are left out), in non-overlapping windows of `context` tokens with
+// their next tokens as labels. The last `validation_fraction` of the bytes is the test split.
+DatasetPair load_text(const std::string& path, int64_t context, double validation_fraction = 0.1);
+
 // The name runs record for a `--data` spec (fingerprints, layout cache keys): "" is "fashion-mnist".
 inline std::string dataset_name(const std::string& spec) { return spec.empty() ? "fashion-mnist" : spec; }
 
 // `spec` as given to `ampp train --data`: "" or "fashion-mnist" -> the Debian package's
 // folder (an error naming `apt install dataset-fashion-mnist` if absent), "synthetic" or
-// "synthetic:N" (N training images) -> make_synthetic, anything else -> an MNIST-format folder.
+// "synthetic:N" (N training images) -> make_synthetic, "text" or "text:PATH" -> load_text (kDefaultTextDir,
+// or PATH) with loading.context(), anything else -> an MNIST-format folder.
 // num_classes: as for load_mnist_folder; for synthetic data the number of classes (0: 10).
 DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed = 0, int64_t num_classes = 0,
                          const DataLoading& loading = {});

@@ -94,6 +94,9 @@ struct Summary {
   int64_t epochs = 0, steps = 0, skipped_steps = 0;
   double test_accuracy = 0, test_loss = 0, train_loss = 0;
   double seconds = 0, images_per_sec = 0, final_scale = 1, peak_rss_mb = 0;
+  // Text (a GPT): images_per_sec counts sequences; the tokens, and the validation loss of the training
+  // text's token frequencies (the loss a model that ignores context gets), beside test_loss.
+  std::optional<double> tokens_per_sec, unigram_loss;
   std::vector<StepPhases> step_phases;  // per rank, the steps this process ran (empty: none ran)
   std::optional<MemoryReport> memory;   // rank 0's tensors by kind (TrainOptions::profile only)
   std::optional<OpProfile> ops;         // rank 0's operators over a window of steps (TrainOptions::profile only)

@@ -1,6 +1,6 @@
 #pragma once
 // The models `ampp train` can build by name: `mlp`, `cnn` (with BatchNorm, so O2's
-// keep_batchnorm_fp32 matters) and a small `resnet` for 28x28 inputs.
+// keep_batchnorm_fp32 matters) and a small `resnet` for 28x28 inputs, and the GPTs of gpt.h for text.
 #include <torch/torch.h>
 
 #include <string>
@@ -8,7 +8,8 @@
 
 namespace ampp::train {
 
-// Common base so the trainer (and DDP) can hold any of them through one type.
+// Common base so the trainer (and DDP) can hold any of them through one type. forward gives logits
+// whose last dimension is the classes: [N, classes] for images, [N, T, vocabulary] for a GPT's tokens.
 struct ClassifierImpl : torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;
 };
@@ -25,6 +26,12 @@ struct ModelOptions {
   // 8x faster than in NCHW on 16x28x28 maps here, the whole CNN step 1.2-1.4x (docs/benchmarks.md). The
   // same computation; kernels may round differently. Parameters keep their layout.
   TORCH_ARG(bool, channels_last) = true;
+  // GPTs only (gpt.h): the sequence length and the sizes; 0 keeps the preset's. num_classes is the data's
+  // vocabulary, which must fit the preset's.
+  TORCH_ARG(int64_t, context) = 0;
+  TORCH_ARG(int64_t, n_layer) = 0;
+  TORCH_ARG(int64_t, n_head) = 0;
+  TORCH_ARG(int64_t, n_embd) = 0;
 };
 
 // Builds a freshly initialised model (parameters drawn from the global RNG, so seed it

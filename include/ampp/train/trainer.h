@@ -25,9 +25,16 @@
 namespace ampp::train {
 
 struct TrainOptions {
+  // mlp, cnn, resnet (images) or gpt-tiny, gpt-mini, gpt2-124m (text; gpt.h).
   TORCH_ARG(std::string, model) = "cnn";
-  // "" = Fashion-MNIST from dataset-fashion-mnist, "synthetic[:N]", or an MNIST-format folder.
+  // "" = the model's default: Fashion-MNIST from dataset-fashion-mnist for images, the text of Debian's
+  // fortunes package for a GPT. Or "synthetic[:N]", an MNIST-format folder, "text:FILE" (a file or folder).
   TORCH_ARG(std::string, data) = "";
+  // GPTs: tokens per sequence and the sizes (ModelOptions); 0 = the preset's.
+  TORCH_ARG(int64_t, context) = 0;
+  TORCH_ARG(int64_t, n_layer) = 0;
+  TORCH_ARG(int64_t, n_head) = 0;
+  TORCH_ARG(int64_t, n_embd) = 0;
   TORCH_ARG(OptLevel, opt_level) = OptLevel::O1;
   // The low-precision dtype of O1-O3: kHalf (fp16, emulated on CPU) or kBFloat16.
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Half;
@@ -110,6 +117,11 @@ struct TrainOptions {
 
 // Throws c10::Error naming the bad option ("TrainOptions::lr must be ...") and the fix.
 void validate(const TrainOptions& options);
+
+// TrainOptions::data with the model's default filled in ("text" for a GPT).
+std::string data_spec(const TrainOptions& options);
+// A GPT's tokens per sequence: TrainOptions::context, or the preset's.
+int64_t context_of(const TrainOptions& options);
 
 // The checkpoint file inside checkpoint_dir.
 std::string checkpoint_path(const TrainOptions& options);

@@ -74,6 +74,7 @@ void normalise_floats(DatasetPair& pair) {
 }
 
 torch::Tensor standardised(const Dataset& d, torch::Tensor images) {
+  if (d.tokens) return images.to(torch::kInt64);
   if (images.scalar_type() != torch::kUInt8) return images;
   return images.to(torch::kFloat32).div_(255.0).sub_(d.pixel_mean).div_(d.pixel_std);
 }
@@ -176,6 +177,8 @@ DatasetPair load_dataset(const std::string& spec, uint64_t synthetic_seed, int64
     pair.description = "fashion-mnist " + pair.description;
     return pair;
   }
+  if (spec == "text") return load_text(kDefaultTextDir, loading.context());
+  if (spec.rfind("text:", 0) == 0) return load_text(spec.substr(5), loading.context());
   if (spec == "synthetic" || spec.rfind("synthetic:", 0) == 0) {
     SyntheticOptions o;
     o.seed(synthetic_seed);

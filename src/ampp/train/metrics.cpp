@@ -65,6 +65,8 @@ nlohmann::json to_json(const Summary& s) {
                       {"final_loss_scale", s.final_scale},
                       {"peak_rss_mb", s.peak_rss_mb},
                       {"compute", s.compute}};
+  if (s.tokens_per_sec) j["tokens_per_sec"] = *s.tokens_per_sec;
+  if (s.unigram_loss) j["unigram_loss"] = *s.unigram_loss;
   if (s.memory) j["memory_bytes"] = to_json(*s.memory);
   if (s.ops) j["operators"] = to_json(*s.ops);
   if (s.step_phases.empty()) return j;
@@ -93,6 +95,8 @@ Summary summary_from_json(const nlohmann::json& j) {
   s.peak_rss_mb = j.at("peak_rss_mb").get<double>();
   for (const auto& p : j.value("step_phases_ms", nlohmann::json::array()))
     s.step_phases.push_back(step_phases_from_json(p));
+  if (j.contains("tokens_per_sec")) s.tokens_per_sec = j.at("tokens_per_sec").get<double>();
+  if (j.contains("unigram_loss")) s.unigram_loss = j.at("unigram_loss").get<double>();
   if (j.contains("memory_bytes")) s.memory = memory_report_from_json(j.at("memory_bytes"));
   if (j.contains("operators")) s.ops = op_profile_from_json(j.at("operators"));
   return s;
@@ -197,11 +201,18 @@ std::string summary_table(const Summary& s) {
       {"test loss", fmt::format("{:.4f}", s.test_loss)},
       {"train loss (last epoch)", fmt::format("{:.4f}", s.train_loss)},
       {"training time", fmt::format("{:.1f} s", s.seconds)},
-      {"throughput", fmt::format("{:.0f} images/s", s.images_per_sec)},
+      {"throughput", s.tokens_per_sec ? fmt::format("{:.0f} tokens/s", *s.tokens_per_sec)
+                                      : fmt::format("{:.0f} images/s", s.images_per_sec)},
       {"skipped steps", std::to_string(s.skipped_steps)},
       {"final loss scale", fmt::format("{:g}", s.final_scale)},
       {"peak memory (RSS, rank 0)", fmt::format("{:.0f} MiB", s.peak_rss_mb)},
   };
+  if (s.unigram_loss) {  // text: the accuracy is per token; the loss is read against the frequency baseline
+    rows[6] = {"test accuracy (next token)", fmt::format("{:.2f} %", s.test_accuracy)};
+    rows[7] = {"test loss (perplexity)", fmt::format("{:.4f} ({:.2f})", s.test_loss, std::exp(s.test_loss))};
+    rows.insert(rows.begin() + 8, {"unigram baseline loss", fmt::format("{:.4f} ({:.2f})", *s.unigram_loss,
+                                                                        std::exp(*s.unigram_loss))});
+  }
   size_t kw = 0, vw = 0;
   for (const auto& [k, v] : rows) kw = std::max(kw, k.size()), vw = std::max(vw, v.size());
   const std::string rule = fmt::format("+-{}-+-{}-+\n", std::string(kw, '-'), std::string(vw, '-'));

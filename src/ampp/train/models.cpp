@@ -1,6 +1,7 @@
 #include <ampp/train/models.h>
 
 #include <ampp/dist/sync_batch_norm.h>
+#include <ampp/train/gpt.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -117,14 +118,31 @@ struct ResNetImpl : ClassifierImpl {
   nn::Linear fc{nullptr};
 };
 
+// The preset with ModelOptions' non-zero sizes; the data's classes (tokens) must fit its vocabulary.
+std::shared_ptr<ClassifierImpl> make_gpt_model(const std::string& name, const ModelOptions& o) {
+  GptOptions g = gpt_preset(name);
+  if (o.context() != 0) g.context(o.context());
+  if (o.n_layer() != 0) g.n_layer(o.n_layer());
+  if (o.n_head() != 0) g.n_head(o.n_head());
+  if (o.n_embd() != 0) g.n_embd(o.n_embd());
+  TORCH_CHECK(o.num_classes() <= g.vocab_size(), "the data has ", o.num_classes(), " token values but ", name,
+              "'s vocabulary is ", g.vocab_size());
+  return make_gpt(g);
+}
+
 }  // namespace
 
 const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names{"mlp", "cnn", "resnet"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all{"mlp", "cnn", "resnet"};
+    all.insert(all.end(), gpt_names().begin(), gpt_names().end());
+    return all;
+  }();
   return names;
 }
 
 std::shared_ptr<ClassifierImpl> make_model(const std::string& name, const ModelOptions& o) {
+  if (is_gpt(name)) return make_gpt_model(name, o);
   TORCH_CHECK(o.in_channels() > 0 && o.height() >= 4 && o.width() >= 4 && o.num_classes() >= 2,
               "model options need positive channels, images of at least 4x4 and at least 2 classes");
   if (name == "mlp") return std::make_shared<MlpImpl>(o);

@@ -1,5 +1,6 @@
 // TrainOptions: the one place its values are checked. Errors name the field as
 // "TrainOptions::<field>"; `ampp train` shows them as the flag that sets it.
+#include <ampp/train/gpt.h>
 #include <ampp/train/models.h>
 #include <ampp/train/trainer.h>
 
@@ -14,17 +15,31 @@ namespace {
 
 bool is_positive(double v) { return v > 0 && std::isfinite(v); }
 
+void validate_gpt_sizes(const TrainOptions& o) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"context", o.context()},
+                                    {"n_layer", o.n_layer()}, {"n_head", o.n_head()}, {"n_embd", o.n_embd()}}) {
+    TORCH_CHECK(value >= 0 && value <= 1000000, "TrainOptions::", name,
+                " must be 0 (the preset's) or a positive size up to 1000000, got ", value);
+    TORCH_CHECK(value == 0 || is_gpt(o.model()), "TrainOptions::", name, " sets a GPT's size, but the model is ",
+                o.model(), "; use --model gpt-tiny, gpt-mini or gpt2-124m, or drop it");
+  }
+}
+
 void validate_model_and_precision(const TrainOptions& o) {
   const auto& names = model_names();
   TORCH_CHECK(std::find(names.begin(), names.end(), o.model()) != names.end(), "TrainOptions::model '", o.model(),
-              "' is unknown; choose one of: mlp, cnn, resnet");
+              "' is unknown; choose one of: mlp, cnn, resnet, gpt-tiny, gpt-mini, gpt2-124m");
   TORCH_CHECK(o.num_classes() == 0 || (o.num_classes() >= 2 && o.num_classes() <= 100000),
               "TrainOptions::num_classes must be 0 (from the data) or 2 to 100000, got ", o.num_classes());
   TORCH_CHECK(o.dtype() == c10::kHalf || o.dtype() == c10::kBFloat16, "TrainOptions::dtype must be bf16 or fp16, got ",
               c10::toString(o.dtype()));
-  TORCH_CHECK(!(o.sync_batch_norm() && o.model() == "mlp"),
-              "TrainOptions::sync_batch_norm: the mlp model has no BatchNorm to synchronise; use --model cnn or "
-              "resnet, or drop --sync-bn");
+  TORCH_CHECK(!(o.sync_batch_norm() && (o.model() == "mlp" || is_gpt(o.model()))), "TrainOptions::sync_batch_norm: ",
+              o.model(), " has no BatchNorm to synchronise; use --model cnn or resnet, or drop --sync-bn");
+  validate_gpt_sizes(o);
+  const bool text = data_spec(o) == "text" || data_spec(o).rfind("text:", 0) == 0;
+  TORCH_CHECK(text == is_gpt(o.model()), "TrainOptions::data '", o.data(), "' ",
+              text ? "is text, which only the GPTs read; use --model gpt-tiny (or gpt-mini, gpt2-124m)"
+                   : "holds images, which the GPTs cannot read; use --data text or text:FILE, or an image model");
   TORCH_CHECK(!(o.zero() && o.opt_level() == OptLevel::O2),
               "TrainOptions::zero: ampp train cannot checkpoint O2's sharded FP32 masters yet (the library's "
               "ZeroRedundancyOptimizer shards them under ampp::initialize); use --opt-level O1 or O0 with --zero");
@@ -71,6 +86,16 @@ void validate(const TrainOptions& options) {
   validate_model_and_precision(options);
   validate_optimization(options);
   validate_run_and_outputs(options);
+}
+
+std::string data_spec(const TrainOptions& options) {
+  if (options.data().empty() && is_gpt(options.model())) return "text";
+  return options.data();
+}
+
+int64_t context_of(const TrainOptions& options) {
+  if (options.context() != 0 || !is_gpt(options.model())) return options.context();
+  return gpt_preset(options.model()).context();
 }
 
 std::string checkpoint_path(const TrainOptions& options) {

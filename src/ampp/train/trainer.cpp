@@ -16,6 +16,7 @@
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/doctor.h>
+#include <ampp/train/gpt.h>
 #include <ampp/train/memory_report.h>
 #include <ampp/train/models.h>
 #include <ampp/train/op_profile.h>
@@ -141,6 +142,10 @@ Properties amp_properties(const TrainOptions& o) {
 }
 
 ModelOptions model_options_for(const Dataset& train, const TrainOptions& o) {
+  if (train.tokens) {
+    return ModelOptions().num_classes(train.num_classes).context(train.images.size(1)).n_layer(o.n_layer())
+        .n_head(o.n_head()).n_embd(o.n_embd());
+  }
   const auto& img = train.images;
   return ModelOptions()
       .in_channels(img.size(1))
@@ -170,6 +175,18 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch:
       dist::ZeroRedundancyOptimizerOptions().process_group(pg));
 }
 
+// Cross-entropy over the last dimension of the logits: [N, classes] against [N], or a GPT's
+// [N, T, vocabulary] against [N, T] (every position is a prediction of the next token).
+torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& target,
+                                  torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
+}
+
+double correct_predictions(const torch::Tensor& logits, const torch::Tensor& target) {
+  return logits.argmax(-1).eq(target).sum().item<double>();
+}
+
 struct Evaluation {
   double loss = 0;
   double accuracy = 0;
@@ -180,7 +197,8 @@ struct Run {
   Run(const TrainOptions& options, Workers workers_in)
       : o(options),
         workers(std::move(workers_in)),
-        data(load_dataset(o.data(), o.seed(), o.num_classes(), DataLoading().map_files(o.map_data()))),
+        data(load_dataset(data_spec(o), o.seed(), o.num_classes(),
+                          DataLoading().map_files(o.map_data()).context(context_of(o)))),
         per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
         model_options(model_options_for(data.train, o)),
         model(seeded_model(o, model_options)),
@@ -255,8 +273,10 @@ struct Run {
 // be silently replaced by the checkpoint's); checkpoints written before it was added omit it.
 std::string fingerprint(const TrainOptions& o, int world, bool with_loss_scale = true) {
   std::string f = fmt::format("model={} data={} opt_level={} dtype={} batch_size={} world_size={} seed={}", o.model(),
-                              dataset_name(o.data()), to_string(o.opt_level()), c10::toString(o.dtype()),
+                              dataset_name(data_spec(o)), to_string(o.opt_level()), c10::toString(o.dtype()),
                               o.batch_size(), world, o.seed());
+  if (is_gpt(o.model()))
+    f += fmt::format(" context={} n_layer={} n_head={} n_embd={}", context_of(o), o.n_layer(), o.n_head(), o.n_embd());
   if (with_loss_scale) f += " loss_scale=" + amp_properties(o).loss_scale().to_string();
   if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
   return f;
@@ -434,14 +454,14 @@ Evaluation evaluate(Run& run) {
       auto region = run.amp.autocast();
       logits = run.amp.cast_output(run.model->forward(run.amp.cast_input(x))).to(torch::kFloat32);
     }
-    namespace F = torch::nn::functional;
-    loss_sum += F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
-    correct += logits.argmax(1).eq(y).sum().item<double>();
+    loss_sum += classification_loss(logits, y, torch::kSum).item<double>();
+    correct += correct_predictions(logits, y);
   }
   auto sums = torch::tensor({loss_sum, correct}, torch::kFloat64);
   allreduce_sum(run.workers.pg, sums);
   run.model->train();
-  return {sums[0].item<double>() / n, 100.0 * sums[1].item<double>() / n};
+  const auto targets = static_cast<double>(test.labels.numel());  // images, or tokens
+  return {sums[0].item<double>() / targets, 100.0 * sums[1].item<double>() / targets};
 }
 
 BatchIterator epoch_batches(Run& run, int64_t epoch) {
@@ -524,7 +544,7 @@ void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
     dist::LocalBatchNormGuard no_collectives;
     NonFiniteLocator locate(*run.model);
     auto logits = run.amp.forward(run.model, batch.data).to(torch::kFloat32);
-    (torch::nn::functional::cross_entropy(logits, batch.target) * scale).backward();
+    (classification_loss(logits, batch.target) * scale).backward();
     origin = locate.first();
   }
   run.buffer_guard.restore();
@@ -549,7 +569,7 @@ StepResult train_step(Run& run, const Batch& batch) {
   run.buffer_guard.save();
   torch::Tensor logits = run.ddp ? amp.forward(*run.ddp, batch.data) : amp.forward(run.model, batch.data);
   logits = logits.to(torch::kFloat32);
-  auto loss = torch::nn::functional::cross_entropy(logits, batch.target);
+  auto loss = classification_loss(logits, batch.target);
   auto scaled = amp.scale_loss(maybe_inject_inf(run, loss));
   run.clock.lap(StepPhase::kForward);
   scaled.backward();
@@ -577,10 +597,10 @@ void count_step(Run& run, const StepResult& step, const Batch& batch) {
   if (!step.stepped) ++run.position.skipped_total;
   if (run.faults.kill_at_step == run.position.global_step) std::raise(SIGKILL);
   if (run.faults.stop_at_step == run.position.global_step) std::raise(SIGSTOP);
-  const auto images = batch.target.size(0);
-  run.sums.loss_sum += step.loss * images;
-  run.sums.correct += step.logits.argmax(1).eq(batch.target).sum().item<double>();
-  run.sums.seen += images;
+  const auto targets = static_cast<double>(batch.target.numel());  // images, or tokens
+  run.sums.loss_sum += step.loss * targets;
+  run.sums.correct += correct_predictions(step.logits, batch.target);
+  run.sums.seen += targets;
 }
 
 void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per_sec) {
@@ -835,9 +855,12 @@ void open_outputs(Run& run) {
     run.metrics.emplace((fs::path(run.o.out()) / "metrics.jsonl").string(), /*append=*/run.resumed);
     if (!run.o.tensorboard().empty()) run.tensorboard.emplace(run.o.tensorboard());
   }
-  run.say(fmt::format("ampp train: {} on {}; {}; {} worker(s) x {} images/batch, {} thread(s) each", run.o.model(),
+  run.say(fmt::format("ampp train: {} on {}; {}; {} worker(s) x {} {}/batch, {} thread(s) each", run.o.model(),
                       run.data.description, precision_label(run.o, run.amp), run.workers.world, run.per_rank_batch,
-                      run.workers.threads));
+                      run.data.train.tokens ? "sequences" : "images", run.workers.threads));
+  if (run.data.unigram_loss)
+    run.say(fmt::format("ampp train: the validation text's unigram baseline loss is {:.4f} (perplexity {:.2f})",
+                        *run.data.unigram_loss, std::exp(*run.data.unigram_loss)));
   if (!run.communication.empty()) run.say(run.communication);
 }
 
@@ -873,6 +896,10 @@ Summary summarize(const Run& run) {
   s.train_loss = run.last_train_loss;
   s.seconds = run.elapsed();
   s.images_per_sec = s.seconds > 0 ? s.steps * run.per_rank_batch * run.workers.world / s.seconds : 0;
+  if (run.data.train.tokens) {
+    s.tokens_per_sec = s.images_per_sec * static_cast<double>(run.data.train.images.size(1));
+    s.unigram_loss = run.data.unigram_loss;
+  }
   s.final_scale = run.amp.loss_scale();
   s.peak_rss_mb = peak_rss_mb();
   return s;
