@@ -34,6 +34,7 @@ OPS = {
     "conv_transpose2d": lambda x, w, b: F.conv_transpose2d(x, w, b),
     "prelu": lambda x, w: F.prelu(x, w),
     "scaled_dot_product_attention": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+    "scaled_dot_product_attention_causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     "einsum": lambda a, b: torch.einsum("ij,jk->ik", a, b),
     "linalg_vecdot": lambda a, b: torch.linalg.vecdot(a, b),
     "relu": lambda x: torch.relu(x),
@@ -65,6 +66,7 @@ OPS = {
     # torch 2.13 although the schema says reduction=Mean (C++ at::kl_div(a, b) reduces).
     "kl_div": lambda a, b: torch.kl_div(a, b, 1),
     "cross_entropy": lambda x: F.cross_entropy(x, targets(x.shape[0], x.shape[1])),
+    "cross_entropy_vocabulary": lambda x: F.cross_entropy(x, targets(x.shape[0], x.shape[1])),
     "nll_loss": lambda x: F.nll_loss(x, targets(x.shape[0], x.shape[1])),
     "binary_cross_entropy": lambda p, t: F.binary_cross_entropy(p, t),
     "binary_cross_entropy_with_logits": lambda x, t: F.binary_cross_entropy_with_logits(x, t),

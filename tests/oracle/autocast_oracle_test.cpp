@@ -77,6 +77,10 @@ std::vector<Op> ops() {
       {"scaled_dot_product_attention",
        {{{1, 2, 4, 8}}, {{1, 2, 4, 8}}, {{1, 2, 4, 8}}},
        [](const Tensors& x) { return at::scaled_dot_product_attention(x[0], x[1], x[2]); }},
+      // The GPT's attention (gpt.h): causal, 8 positions, 2 heads of 16.
+      {"scaled_dot_product_attention_causal",
+       {{{2, 2, 8, 16}}, {{2, 2, 8, 16}}, {{2, 2, 8, 16}}},
+       [](const Tensors& x) { return at::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true); }},
       {"linalg_vecdot", {{{3, 6}}, {{3, 6}}}, [](const Tensors& x) { return at::linalg_vecdot(x[0], x[1]); }},
 #endif
       {"einsum", {{{4, 6}}, {{6, 5}}}, [](const Tensors& x) { return torch::einsum("ij,jk->ik", {x[0], x[1]}); }},
@@ -118,6 +122,10 @@ std::vector<Op> ops() {
        [](const Tensors& x) { return torch::kl_div(x[0], x[1], at::Reduction::Mean); }},
       {"cross_entropy",
        {{{4, 5}}},
+       [](const Tensors& x) { return torch::cross_entropy_loss(x[0], targets(x[0].size(0), x[0].size(1))); }},
+      // The GPT's loss: every position of 4 sequences of 8 against the byte vocabulary.
+      {"cross_entropy_vocabulary",
+       {{{32, 256}}},
        [](const Tensors& x) { return torch::cross_entropy_loss(x[0], targets(x[0].size(0), x[0].size(1))); }},
       {"nll_loss",
        {{{4, 5}}},
