@@ -20,7 +20,7 @@ packages=(
   libgloo-dev libsleef-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev
   libprotobuf-dev protobuf-compiler libboost-dev  # TensorBoard event files: protobuf, CRC-32C (boost/crc.hpp)
-  dataset-fashion-mnist gnuplot-nox iproute2 procps
+  dataset-fashion-mnist fortunes gnuplot-nox iproute2 procps  # fortunes: the GPTs' default text
   clang libclang-rt-dev  # the fuzzers (libFuzzer + sanitizers): scripts/fuzz.sh
 )
 case "$torch" in

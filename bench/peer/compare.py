@@ -4,7 +4,8 @@
 order flips every round), per configuration. Prints per configuration the medians and the ratios
 ampp/Python of images/s, peak RSS (the largest process of each run's process tree: the max over ranks, from
 the kernel's accounting of the waited-for children), wall time from start to the final accuracy, and the
-final test accuracies side by side.
+final test accuracies side by side. For the GPTs (--models gpt-tiny) the rate is tokens/s and the
+accuracy is next-token accuracy.
 
     python3 bench/peer/compare.py --ampp build/bin/ampp [--python .venv/bin/python] [--rounds 3]
         [--models cnn mlp] [--precisions fp32 bf16] [--epochs 3] [--nproc 2]
@@ -39,7 +40,8 @@ def run_ampp(a, model, precision, out):
            "--out", str(out), "--quiet", "--no-plots"] + AMPP_PRECISION[precision] + (["--nchw"] if a.nchw else [])
     wall, rss = timed(cmd)
     s = json.loads((out / "summary.json").read_text())
-    return {"images_per_sec": s["images_per_sec"], "rss": rss, "wall": wall, "accuracy": s["test_accuracy"]}
+    return {"images_per_sec": s.get("tokens_per_sec", s["images_per_sec"]), "rss": rss, "wall": wall,
+            "accuracy": s["test_accuracy"]}
 
 
 def run_python(a, model, precision, out):
@@ -47,7 +49,8 @@ def run_python(a, model, precision, out):
            "--epochs", str(a.epochs), "--out", str(out)] + (["--nchw"] if a.nchw else [])
     wall, rss = timed(cmd)
     s = json.loads(out.read_text())
-    return {"images_per_sec": s["images_per_sec"], "rss": rss, "wall": wall, "accuracy": s["test_accuracy"]}
+    return {"images_per_sec": s.get("tokens_per_sec") or s["images_per_sec"], "rss": rss, "wall": wall,
+            "accuracy": s["test_accuracy"]}
 
 
 def median(runs, key):
@@ -80,7 +83,7 @@ def main():
                     print(f"{model} {precision} round {r}: ampp {ampp[-1]}, python {py[-1]}", flush=True)
                 rows.append((model, precision, ampp, py))
     print(f"\n{a.nproc} processes x 1 thread, global batch 128, {a.epochs} epochs, {a.rounds} rounds (medians):")
-    print("| model | precision | images/s ampp | Python | ratio | peak RSS MiB ampp | Python | ratio "
+    print("| model | precision | images/s (GPTs: tokens/s) ampp | Python | ratio | peak RSS MiB ampp | Python | ratio "
           "| wall s ampp | Python | ratio | test accuracy ampp | Python |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model, precision, ampp, py in rows:

@@ -6,7 +6,9 @@ The same models under the same names (`mlp`, `cnn`, `resnet` of ampp::train::mak
 DistributedSampler with the run's seed and epoch, each of W workers taking batch_size // W images with the
 last partial batch dropped, cross-entropy, SGD with momentum and weight decay, DDP over Gloo with W
 processes started as seed 000 does (torch.multiprocessing.spawn), one evaluation of the test split per
-epoch. Precision: fp32 (ampp's O0), or CPU autocast in bf16/fp16 (ampp's O1; no loss scaler for bf16, a
+epoch. The GPTs (`gpt-tiny`, `gpt-mini`: examples/python/gpt.py, the names and initialisation of
+ampp's) read the byte-level text ampp train reads by default (the fortunes files, 10% held out, windows of
+the model's context). Precision: fp32 (ampp's O0), or CPU autocast in bf16/fp16 (ampp's O1; no loss scaler for bf16, a
 GradScaler for fp16). Rank 0 writes a summary with ampp's definitions: images/s is the images trained over
 the seconds since training started (after DDP was built), evaluations included.
 
@@ -29,6 +31,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
 from train_cnn import FASHION_MNIST, Cnn, input_layout, pixel_statistics, read_idx, train_step  # noqa: E402  (ampp train's CNN and step, defined once)
+from gpt import PRESETS, Gpt  # noqa: E402  (ampp train's GPT)
+
+TEXT = "/usr/share/games/fortunes"  # ampp::train::kDefaultTextDir
 
 
 class Mlp(nn.Module):
@@ -75,7 +80,20 @@ class ResNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-MODELS = {"mlp": Mlp, "cnn": Cnn, "resnet": ResNet}
+MODELS = {"mlp": Mlp, "cnn": Cnn, "resnet": ResNet,
+          "gpt-tiny": lambda: Gpt(**PRESETS["gpt-tiny"]), "gpt-mini": lambda: Gpt(**PRESETS["gpt-mini"])}
+
+
+def text_windows(context):
+    """(train windows, next tokens, test windows, next tokens) as ampp::train::load_text makes them."""
+    files = sorted(p for p in Path(TEXT).iterdir() if p.is_file() and not p.is_symlink() and p.suffix != ".dat")
+    data = torch.frombuffer(bytearray(b"".join(p.read_bytes() for p in files)), dtype=torch.uint8)
+    tail = -(-len(data) // 10)  # ceil(10%)
+
+    def windows(part):
+        n = (len(part) - 1) // context
+        return part[:n * context].view(n, context).long(), part[1:n * context + 1].view(n, context).long()
+    return (*windows(data[:len(data) - tail]), *windows(data[len(data) - tail:]))
 
 
 def fashion_mnist():
@@ -103,11 +121,11 @@ def evaluate(model, x, y, rank, world, dtype):
             with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
                 logits = model(x[i:min(end, i + 512)]).float()
             target = y[i:min(end, i + 512)]
-            sums[0] += F.cross_entropy(logits, target, reduction="sum").item()
-            sums[1] += (logits.argmax(1) == target).sum().item()
+            sums[0] += F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="sum").item()
+            sums[1] += (logits.argmax(-1) == target).sum().item()
     dist.all_reduce(sums)
     model.train()
-    return 100.0 * sums[1].item() / len(y)
+    return 100.0 * sums[1].item() / y.numel()
 
 
 def peak_rss_mb():
@@ -135,8 +153,9 @@ def worker(rank, args):
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", world_size=args.nproc, rank=rank)
     torch.manual_seed(args.seed)
-    train_x, train_y, test_x, test_y = fashion_mnist()
-    layout = {"channels_last": False} if args.nchw and args.model != "mlp" else {}
+    gpt = args.model.startswith("gpt")
+    train_x, train_y, test_x, test_y = text_windows(PRESETS[args.model]["context"]) if gpt else fashion_mnist()
+    layout = {"channels_last": False} if args.nchw and args.model in ("cnn", "resnet") else {}
     model = DistributedDataParallel(MODELS[args.model](**layout))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
@@ -156,6 +175,7 @@ def worker(rank, args):
     if rank == 0:
         Path(args.out).write_text(json.dumps({
             "images_per_sec": steps * per_rank * args.nproc / seconds, "seconds": seconds, "steps": steps,
+            "tokens_per_sec": steps * per_rank * args.nproc * train_x.shape[1] / seconds if gpt else None,
             "test_accuracy": accuracy, "peak_rss_mb_rank0": peak_rss_mb(), "torch": torch.__version__}, indent=2))
     dist.destroy_process_group()
 
@@ -176,7 +196,9 @@ def main():
     p.add_argument("--port", type=int, default=29731)
     p.add_argument("--out", required=True, help="the summary JSON (rank 0)")
     args = p.parse_args()
-    if not os.path.isdir(FASHION_MNIST):
+    if args.model.startswith("gpt") and not os.path.isdir(TEXT):
+        sys.exit(f"the text is not in {TEXT}: apt install fortunes")
+    if not args.model.startswith("gpt") and not os.path.isdir(FASHION_MNIST):
         sys.exit(f"Fashion-MNIST not found in {FASHION_MNIST}: apt install dataset-fashion-mnist")
     mp.spawn(worker, args=(args,), nprocs=args.nproc)
 

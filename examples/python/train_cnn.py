@@ -111,7 +111,8 @@ def train_step(model, opt, scaler, dtype, images, labels):
     opt.zero_grad()
     with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
         logits = model(images)
-    loss = F.cross_entropy(logits.float(), labels)
+    # Over the last dimension: [N, classes] against [N], or a GPT's [N, T, vocabulary] against [N, T].
+    loss = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten())
     scaler.scale(loss).backward()
     scaler.step(opt)
     scaler.update()

@@ -76,7 +76,7 @@ TEST(SyncBatchNormCli, TheMlpHasNoBatchNormToSynchronise) {
   const auto r =
       run_ampp("train --data synthetic:64 --model mlp --sync-bn --quiet --out " + (dir.path() / "out").string());
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("mlp model has no BatchNorm to synchronise"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--sync-bn: mlp has no BatchNorm to synchronise"), std::string::npos) << r.output;
 }
 
 }  // namespace
