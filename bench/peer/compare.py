@@ -46,7 +46,8 @@ def run_ampp(a, model, precision, out):
 
 def run_python(a, model, precision, out):
     cmd = [a.python, str(PEER), "--model", model, "--precision", precision, "--nproc", str(a.nproc),
-           "--epochs", str(a.epochs), "--out", str(out)] + (["--nchw"] if a.nchw else [])
+           "--epochs", str(a.epochs), "--out", str(out)] + (["--nchw"] if a.nchw else []) + \
+        (["--widen-attention"] if a.widen_attention else [])
     wall, rss = timed(cmd)
     s = json.loads(out.read_text())
     return {"images_per_sec": s.get("tokens_per_sec") or s["images_per_sec"], "rss": rss, "wall": wall,
@@ -62,6 +63,8 @@ def main():
     ap.add_argument("--ampp", required=True)
     ap.add_argument("--nchw", action="store_true",
                     help="both sides keep cnn/resnet activations in NCHW order (default: channels-last, ampp's default)")
+    ap.add_argument("--widen-attention", action="store_true",
+                    help="the Python GPTs get ampp's attention (default: nanoGPT's, as written)")
     ap.add_argument("--python", default=str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"))
     ap.add_argument("--models", nargs="+", default=["cnn", "mlp"])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=sorted(AMPP_PRECISION))

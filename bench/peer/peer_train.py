@@ -80,8 +80,11 @@ class ResNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+# The GPTs as nanoGPT writes them (F.scaled_dot_product_attention on the inputs as they are), unless
+# --widen-attention gives them ampp's attention (examples/python/gpt.py).
 MODELS = {"mlp": Mlp, "cnn": Cnn, "resnet": ResNet,
-          "gpt-tiny": lambda: Gpt(**PRESETS["gpt-tiny"]), "gpt-mini": lambda: Gpt(**PRESETS["gpt-mini"])}
+          "gpt-tiny": lambda widen=False: Gpt(**PRESETS["gpt-tiny"], widen_attention=widen),
+          "gpt-mini": lambda widen=False: Gpt(**PRESETS["gpt-mini"], widen_attention=widen)}
 
 
 def text_windows(context):
@@ -156,6 +159,8 @@ def worker(rank, args):
     gpt = args.model.startswith("gpt")
     train_x, train_y, test_x, test_y = text_windows(PRESETS[args.model]["context"]) if gpt else fashion_mnist()
     layout = {"channels_last": False} if args.nchw and args.model in ("cnn", "resnet") else {}
+    if gpt and args.widen_attention:
+        layout = {"widen": True}
     model = DistributedDataParallel(MODELS[args.model](**layout))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
@@ -190,6 +195,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=128, help="global, split across the workers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nchw", action="store_true", help="activations in NCHW order (ampp train --nchw)")
+    p.add_argument("--widen-attention", action="store_true", help="GPTs: ampp's attention (examples/python/gpt.py)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)
