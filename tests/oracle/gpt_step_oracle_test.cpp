@@ -31,9 +31,9 @@ struct Case {
 };
 
 const std::vector<Case> kCases{
-    {ampp::OptLevel::O0, torch::kFloat, 0.0},    {ampp::OptLevel::O1, torch::kBFloat16, 0.0},
-    {ampp::OptLevel::O1, torch::kHalf, 0x1p-8},  {ampp::OptLevel::O2, torch::kBFloat16, 0.0},
-    {ampp::OptLevel::O2, torch::kHalf, 0x1p-8},  {ampp::OptLevel::O3, torch::kBFloat16, 0.0},
+    {ampp::OptLevel::O0, torch::kFloat, 0.0},   {ampp::OptLevel::O1, torch::kBFloat16, 0.0},
+    {ampp::OptLevel::O1, torch::kHalf, 0x1p-8}, {ampp::OptLevel::O2, torch::kBFloat16, 0.0},
+    {ampp::OptLevel::O2, torch::kHalf, 0x1p-8}, {ampp::OptLevel::O3, torch::kBFloat16, 0.0},
     {ampp::OptLevel::O3, torch::kHalf, 0x1p-8},
 };
 

@@ -70,8 +70,10 @@ TEST(Gpt, PresetsHaveTheirDocumentedSizes) {
 }
 
 TEST(Gpt, BadSizesAndInputsAreClearErrors) {
-  AMPP_EXPECT_THROW_WITH(make_gpt(GptOptions().n_embd(30).n_head(4)), "n_embd (30) must be a positive multiple of n_head (4)");
-  AMPP_EXPECT_THROW_WITH(gpt_preset("gpt-huge"), "unknown GPT 'gpt-huge'; choose one of: gpt-tiny, gpt-mini, gpt2-124m");
+  AMPP_EXPECT_THROW_WITH(make_gpt(GptOptions().n_embd(30).n_head(4)),
+                         "n_embd (30) must be a positive multiple of n_head (4)");
+  AMPP_EXPECT_THROW_WITH(gpt_preset("gpt-huge"),
+                         "unknown GPT 'gpt-huge'; choose one of: gpt-tiny, gpt-mini, gpt2-124m");
   AMPP_EXPECT_THROW_WITH(make_model("gpt-tiny", ModelOptions().num_classes(300)),
                          "the data has 300 token values but gpt-tiny's vocabulary is 256");
   auto model = make_gpt(kSmall);

@@ -46,14 +46,15 @@ std::string cpu_model() {
 // What the fastest layout depends on: the machine, LibTorch, and the job's shape and precision.
 std::string job_key(const train::TrainOptions& o) {
   return fmt::format(
-      "cpu={} cores={} torch={} model={} data={} num_classes={} opt_level={} dtype={} loss_scale={} batch_size={} "
-      "threads={} sync_bn={} zero={} deterministic={} shared_memory_allreduce={} channels_last={}",
-      cpu_model(), usable_cores(), TORCH_VERSION, o.model(), train::dataset_name(o.data()), o.num_classes(),
-      to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
-      o.loss_scale() ? o.loss_scale()->to_string() : "default", o.batch_size(), o.threads(), o.sync_batch_norm(),
-      o.zero(), o.deterministic(), o.shared_memory_allreduce(), o.channels_last()) +
-         (train::is_gpt(o.model()) ? fmt::format(" context={} n_layer={} n_head={} n_embd={}", o.context(),
-                                                 o.n_layer(), o.n_head(), o.n_embd())
+             "cpu={} cores={} torch={} model={} data={} num_classes={} opt_level={} dtype={} loss_scale={} "
+             "batch_size={} "
+             "threads={} sync_bn={} zero={} deterministic={} shared_memory_allreduce={} channels_last={}",
+             cpu_model(), usable_cores(), TORCH_VERSION, o.model(), train::dataset_name(o.data()), o.num_classes(),
+             to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
+             o.loss_scale() ? o.loss_scale()->to_string() : "default", o.batch_size(), o.threads(), o.sync_batch_norm(),
+             o.zero(), o.deterministic(), o.shared_memory_allreduce(), o.channels_last()) +
+         (train::is_gpt(o.model()) ? fmt::format(" context={} n_layer={} n_head={} n_embd={}", o.context(), o.n_layer(),
+                                                 o.n_head(), o.n_embd())
                                    : "");
 }
 
@@ -111,7 +112,9 @@ std::vector<std::string> measurement_command(const std::string& self_exe, const 
                                 "--out",
                                 out.string()};
   if (!o.data().empty()) argv.insert(argv.end(), {"--data", o.data()});
-  for (auto [value, flag] : {std::pair{o.context(), "--context"}, {o.n_layer(), "--n-layer"}, {o.n_head(), "--n-head"},
+  for (auto [value, flag] : {std::pair{o.context(), "--context"},
+                             {o.n_layer(), "--n-layer"},
+                             {o.n_head(), "--n-head"},
                              {o.n_embd(), "--n-embd"}})
     if (value != 0) argv.insert(argv.end(), {flag, std::to_string(value)});
   if (o.loss_scale()) argv.insert(argv.end(), {"--loss-scale", o.loss_scale()->to_string()});

@@ -207,9 +207,9 @@ std::function<int()> add_train_flags(CLI::App& sub, std::shared_ptr<TrainArgs> a
 }
 
 const std::map<std::string, std::string> kTrainRenamedFields = {
-    {"progress", "--quiet"},      {"plots", "--no-plots"},
+    {"progress", "--quiet"},          {"plots", "--no-plots"},
     {"sync_batch_norm", "--sync-bn"}, {"shared_memory_allreduce", "--gloo-allreduce"},
-    {"channels_last", "--nchw"},  {"map_data", "--data-in-memory"}};
+    {"channels_last", "--nchw"},      {"map_data", "--data-in-memory"}};
 
 const bool registered_train = ampp::cli::register_command(
     {"train", "Train a model (Fashion-MNIST by default) with mixed precision and data-parallel workers",

@@ -15,7 +15,7 @@ struct GptOptions {
   TORCH_ARG(int64_t, context) = 64;      // the longest sequence (GPT-2: block_size)
   TORCH_ARG(int64_t, n_layer) = 2;
   TORCH_ARG(int64_t, n_head) = 4;
-  TORCH_ARG(int64_t, n_embd) = 128;      // a multiple of n_head
+  TORCH_ARG(int64_t, n_embd) = 128;  // a multiple of n_head
 };
 
 // The presets by name: gpt-tiny (2 layers x 128, context 64: trains in seconds on 2 cores), gpt-mini

@@ -94,8 +94,8 @@ struct GptImpl : ClassifierImpl {
   torch::Tensor forward(torch::Tensor tokens) override {
     TORCH_CHECK(tokens.dim() == 2 && !tokens.is_floating_point(), "the GPT takes token ids [batch, time], got ",
                 tokens.scalar_type(), " of shape ", tokens.sizes());
-    TORCH_CHECK(tokens.size(1) <= context, "a sequence of ", tokens.size(1), " tokens is longer than the GPT's context (",
-                context, ")");
+    TORCH_CHECK(tokens.size(1) <= context, "a sequence of ", tokens.size(1),
+                " tokens is longer than the GPT's context (", context, ")");
     auto x = wte->forward(tokens) + wpe->forward(torch::arange(tokens.size(1), tokens.options()));
     for (const auto& block : *h) x = block->as<Block>()->forward(x);
     // The output head is the token embedding itself (GPT-2's weight tying): one parameter, two uses.

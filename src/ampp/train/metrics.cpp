@@ -210,8 +210,8 @@ std::string summary_table(const Summary& s) {
   if (s.unigram_loss) {  // text: the accuracy is per token; the loss is read against the frequency baseline
     rows[6] = {"test accuracy (next token)", fmt::format("{:.2f} %", s.test_accuracy)};
     rows[7] = {"test loss (perplexity)", fmt::format("{:.4f} ({:.2f})", s.test_loss, std::exp(s.test_loss))};
-    rows.insert(rows.begin() + 8, {"unigram baseline loss", fmt::format("{:.4f} ({:.2f})", *s.unigram_loss,
-                                                                        std::exp(*s.unigram_loss))});
+    rows.insert(rows.begin() + 8,
+                {"unigram baseline loss", fmt::format("{:.4f} ({:.2f})", *s.unigram_loss, std::exp(*s.unigram_loss))});
   }
   size_t kw = 0, vw = 0;
   for (const auto& [k, v] : rows) kw = std::max(kw, k.size()), vw = std::max(vw, v.size());

@@ -17,7 +17,9 @@ bool is_positive(double v) { return v > 0 && std::isfinite(v); }
 
 void validate_gpt_sizes(const TrainOptions& o) {
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"context", o.context()},
-                                    {"n_layer", o.n_layer()}, {"n_head", o.n_head()}, {"n_embd", o.n_embd()}}) {
+                                    {"n_layer", o.n_layer()},
+                                    {"n_head", o.n_head()},
+                                    {"n_embd", o.n_embd()}}) {
     TORCH_CHECK(value >= 0 && value <= 1000000, "TrainOptions::", name,
                 " must be 0 (the preset's) or a positive size up to 1000000, got ", value);
     TORCH_CHECK(value == 0 || is_gpt(o.model()), "TrainOptions::", name, " sets a GPT's size, but the model is ",
@@ -33,8 +35,9 @@ void validate_model_and_precision(const TrainOptions& o) {
               "TrainOptions::num_classes must be 0 (from the data) or 2 to 100000, got ", o.num_classes());
   TORCH_CHECK(o.dtype() == c10::kHalf || o.dtype() == c10::kBFloat16, "TrainOptions::dtype must be bf16 or fp16, got ",
               c10::toString(o.dtype()));
-  TORCH_CHECK(!(o.sync_batch_norm() && (o.model() == "mlp" || is_gpt(o.model()))), "TrainOptions::sync_batch_norm: ",
-              o.model(), " has no BatchNorm to synchronise; use --model cnn or resnet, or drop --sync-bn");
+  TORCH_CHECK(!(o.sync_batch_norm() && (o.model() == "mlp" || is_gpt(o.model()))),
+              "TrainOptions::sync_batch_norm: ", o.model(),
+              " has no BatchNorm to synchronise; use --model cnn or resnet, or drop --sync-bn");
   validate_gpt_sizes(o);
   const bool text = data_spec(o) == "text" || data_spec(o).rfind("text:", 0) == 0;
   TORCH_CHECK(text == is_gpt(o.model()), "TrainOptions::data '", o.data(), "' ",

@@ -78,17 +78,19 @@ DatasetPair load_text(const std::string& path, int64_t context, double validatio
   const std::string text = read_bytes(files);
   const auto n = static_cast<int64_t>(text.size());
   const auto tail = static_cast<int64_t>(std::ceil(n * validation_fraction));
-  TORCH_CHECK(n - tail > context && tail > context, "text '", path, "' has ", n, " bytes, too few for one training and ",
-              "one validation window of ", context, " tokens (and their next tokens); use more text or a shorter context");
+  TORCH_CHECK(n - tail > context && tail > context, "text '", path, "' has ", n,
+              " bytes, too few for one training and ", "one validation window of ", context,
+              " tokens (and their next tokens); use more text or a shorter context");
   auto bytes = torch::empty({n}, torch::kUInt8);
   std::copy(text.begin(), text.end(), reinterpret_cast<char*>(bytes.data_ptr<uint8_t>()));
   DatasetPair pair;
   pair.train = windows(bytes, 0, n - tail, context);
   pair.test = windows(bytes, n - tail, n, context);
   pair.unigram_loss = unigram_loss(bytes.slice(0, 0, n - tail), pair.test.labels);
-  pair.description = fmt::format("text {} ({} file(s), {} bytes: {} training and {} validation windows of {} tokens, "
-                                 "byte-level vocabulary of {})",
-                                 path, files.size(), n, pair.train.size(), pair.test.size(), context, kVocabulary);
+  pair.description = fmt::format(
+      "text {} ({} file(s), {} bytes: {} training and {} validation windows of {} tokens, "
+      "byte-level vocabulary of {})",
+      path, files.size(), n, pair.train.size(), pair.test.size(), context, kVocabulary);
   return pair;
 }
 

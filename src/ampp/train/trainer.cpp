@@ -143,8 +143,12 @@ Properties amp_properties(const TrainOptions& o) {
 
 ModelOptions model_options_for(const Dataset& train, const TrainOptions& o) {
   if (train.tokens) {
-    return ModelOptions().num_classes(train.num_classes).context(train.images.size(1)).n_layer(o.n_layer())
-        .n_head(o.n_head()).n_embd(o.n_embd());
+    return ModelOptions()
+        .num_classes(train.num_classes)
+        .context(train.images.size(1))
+        .n_layer(o.n_layer())
+        .n_head(o.n_head())
+        .n_embd(o.n_embd());
   }
   const auto& img = train.images;
   return ModelOptions()
@@ -177,8 +181,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch:
 
 // Cross-entropy over the last dimension of the logits: [N, classes] against [N], or a GPT's
 // [N, T, vocabulary] against [N, T] (every position is a prediction of the next token).
-torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& target,
-                                  torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
+torch::Tensor classification_loss(
+    const torch::Tensor& logits, const torch::Tensor& target,
+    torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}),
                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
 }
