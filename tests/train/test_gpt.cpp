@@ -1,7 +1,12 @@
 // The GPT of gpt.h: shapes, causality, the tied head, the presets' sizes and clear errors. Its numerics
 // against PyTorch are tests/oracle/gpt_step_oracle_test.cpp.
+#include <ampp/precision/autocast.h>
+#include <ampp/precision/nonfinite_locator.h>
 #include <ampp/train/gpt.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <tuple>
 
 #include "ampp_test.h"
 
@@ -86,4 +91,32 @@ TEST(Gpt, ModelOptionsOverrideThePresetsSizes) {
   torch::manual_seed(0);
   auto model = make_model("gpt-tiny", ModelOptions().num_classes(256).context(32).n_layer(1).n_head(2).n_embd(8));
   EXPECT_EQ(parameter_count(*model), expected_count(GptOptions().context(32).n_layer(1).n_head(2).n_embd(8)));
+}
+
+// fp16 attention logits (q . k / sqrt(d)) of about 3e5, beyond fp16's 65504: the fused attention keeps them
+// in float32, so nothing overflows where a hand-written q @ k^T in fp16 would. When the attention's own
+// projection overflows instead, the numerics doctor's locator names it.
+TEST(Gpt, Fp16AttentionLogitsStayFiniteAndAProjectionOverflowIsNamed) {
+  torch::manual_seed(0);
+  auto model = make_gpt(kSmall);  // heads of 8
+  auto c_attn = model->named_parameters()["h.0.attn.c_attn.weight"];
+  const auto tokens = torch::randint(256, {2, 12}, torch::kLong);
+  auto forward_in_fp16 = [&] {
+    ampp::NonFiniteLocator locate(*model);
+    ampp::autocast region(torch::kCPU, torch::kHalf);
+    auto logits = model->forward(tokens);
+    return std::make_pair(logits, locate.first());
+  };
+  torch::NoGradGuard no_grad;
+  c_attn.slice(0, 0, 32).mul_(4000);  // q and k rows: entries of about 300, logits of about 3e5
+  auto [logits, origin] = forward_in_fp16();
+  EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+  EXPECT_FALSE(origin.has_value()) << origin->describe();
+  c_attn.slice(0, 0, 32).mul_(1000);  // q and k themselves beyond 65504
+  std::tie(logits, origin) = forward_in_fp16();
+  ASSERT_TRUE(origin.has_value());
+  // Named by the last module whose weights were seen ("after h.0.attn.c_attn"): a 3-d linear is a matmul
+  // with the weight's transposed view, not the parameter itself.
+  EXPECT_THAT(origin->module, ::testing::HasSubstr("h.0.attn.c_attn")) << origin->describe();
+  EXPECT_THAT(origin->output, ::testing::HasSubstr("Half")) << origin->describe();
 }
