@@ -1,6 +1,7 @@
 // Hardware-aware bf16: detection, the automatic choice, and Bf16Compute::kFp32 (bf16 storage, fp32
 // GEMMs/convolutions) against hand-built fp32 references.
 
+#include "ampp_test.h"
 #include "precision/test_util.h"
 
 #include <ampp/precision/autocast.h>
@@ -187,3 +188,14 @@ TEST_F(Bf16Compute, TrainsAnMlpLikeFp32) {
 }
 
 }  // namespace
+
+TEST(Bf16ComputeParser, AcceptsItsSpellingsAndNamesTheSourceOfABadOne) {
+  EXPECT_EQ(ampp::parse_bf16_compute("native"), ampp::Bf16Compute::kNative);
+  EXPECT_EQ(ampp::parse_bf16_compute("fp32"), ampp::Bf16Compute::kFp32);
+  for (const char* automatic : {"auto", "automatic", ""})
+    EXPECT_EQ(ampp::parse_bf16_compute(automatic), ampp::Bf16Compute::kAutomatic) << automatic;
+  for (const auto c : {ampp::Bf16Compute::kNative, ampp::Bf16Compute::kFp32, ampp::Bf16Compute::kAutomatic})
+    EXPECT_EQ(ampp::parse_bf16_compute(ampp::to_string(c)), c);  // to_string's spelling parses back
+  AMPP_EXPECT_THROW_WITH(ampp::parse_bf16_compute("fast", "AMPP_BF16_COMPUTE"),
+                         "AMPP_BF16_COMPUTE='fast' is not understood; use native, fp32 or auto");
+}

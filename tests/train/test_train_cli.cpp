@@ -65,7 +65,9 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--stall-timeout 1e300", "--stall-timeout must be 0 (off) to 1e6 seconds"},
       {"--num-classes 1", "--num-classes must be 0 (from the data) or 2 to 100000"},
       {"--max-consecutive-skips=-1", "--max-consecutive-skips must be 0 (never stop) or a positive number"},
-      {"--timeout 0", "--timeout must be at least 1 second"},
+      {"--timeout 0", "--timeout must be from 1 to 1e7 seconds, got 0"},
+      {"--timeout 1e8", "--timeout must be from 1 to 1e7 seconds, got 1e+08"},
+      {"--threads 2000", "--threads must be 0 (automatic) or a count from 1 to 1024, got 2000"},
       {"--warmup-steps=-2", "--warmup-steps must be 0 (off) or a positive number of steps"},
       {"--data /nonexistent/folder --nproc 1", "dataset folder '/nonexistent/folder' does not exist"},
   };

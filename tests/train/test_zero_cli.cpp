@@ -36,6 +36,17 @@ TEST(ZeroCli, ShardedTrainingAndItsCheckpointsAreThoseOfUnshardedTraining) {
   expect_same_model(model("plain"), model("plain-then-zero"));
 }
 
+TEST(ZeroCli, OneWorkerIsToldThatNothingIsSharded) {
+  ampp_test::TempDir dir;
+  const auto r =
+      ampp_test::run_ampp("train --data synthetic:64 --batch-size 32 --steps 1 --nproc 1 --zero --no-plots --out " +
+                          (dir.path() / "out").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("note: --zero shards the optimizer state over the workers, and this run has one"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(ZeroCli, O2IsRefusedWithTheReason) {
   ampp_test::TempDir dir;
   const auto r = ampp_test::run_ampp("train --data synthetic:64 --zero --opt-level O2 --quiet --out " +

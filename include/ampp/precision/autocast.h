@@ -49,6 +49,9 @@ enum class Bf16Compute {
 };
 
 const char* to_string(Bf16Compute compute);
+/// The one parser of Bf16Compute's text (AMPP_BF16_COMPUTE and any flag): "native", "fp32", "auto" or
+/// "automatic" (also ""). Throws c10::Error naming `what` and the accepted values.
+Bf16Compute parse_bf16_compute(const std::string& text, const std::string& what = "bf16_compute");
 
 /// Which op lists an fp16 region on CPU follows. fp16 on CPU emulates GPU fp16 training, so by default
 /// it is the CUDA lists of the LibTorch built against (mv, addmv, addr, RNN cells, ... in fp16; exp,

@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 // CUDA autocast is compiled only when the LibTorch build ships CUDA headers.
 #if __has_include(<ATen/cuda/CUDAConfig.h>)
@@ -25,10 +24,8 @@ namespace {
 
 Bf16Compute from_environment_or_hardware() {
   if (const char* env = std::getenv("AMPP_BF16_COMPUTE")) {
-    if (std::strcmp(env, "native") == 0) return Bf16Compute::kNative;
-    if (std::strcmp(env, "fp32") == 0) return Bf16Compute::kFp32;
-    TORCH_CHECK(std::strcmp(env, "auto") == 0 || *env == '\0', "AMPP_BF16_COMPUTE='", env,
-                "' is not understood; set it to native, fp32 or auto (or unset it)");
+    const Bf16Compute chosen = parse_bf16_compute(env, "AMPP_BF16_COMPUTE");
+    if (chosen != Bf16Compute::kAutomatic) return chosen;
   }
   return precision::cpu_bf16_support().any() ? Bf16Compute::kNative : Bf16Compute::kFp32;
 }
@@ -45,6 +42,14 @@ void check_dtype(c10::ScalarType dtype) {
 }
 
 }  // namespace
+
+Bf16Compute parse_bf16_compute(const std::string& text, const std::string& what) {
+  if (text == "native") return Bf16Compute::kNative;
+  if (text == "fp32") return Bf16Compute::kFp32;
+  TORCH_CHECK(text == "auto" || text == "automatic" || text.empty(), what, "='", text,
+              "' is not understood; use native, fp32 or auto");
+  return Bf16Compute::kAutomatic;
+}
 
 const char* to_string(Bf16Compute compute) {
   switch (compute) {

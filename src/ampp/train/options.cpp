@@ -70,8 +70,8 @@ void validate_optimization(const TrainOptions& o) {
 
 void validate_run_and_outputs(const TrainOptions& o) {
   TORCH_CHECK(o.threads() >= 0 && o.threads() <= 1024,
-              "TrainOptions::threads must be 0 (automatic) or a positive count, got ", o.threads());
-  TORCH_CHECK(o.timeout() >= 1 && o.timeout() <= 1e7, "TrainOptions::timeout must be at least 1 second, got ",
+              "TrainOptions::threads must be 0 (automatic) or a count from 1 to 1024, got ", o.threads());
+  TORCH_CHECK(o.timeout() >= 1 && o.timeout() <= 1e7, "TrainOptions::timeout must be from 1 to 1e7 seconds, got ",
               o.timeout());
   TORCH_CHECK(o.checkpoint_every() >= 0,
               "TrainOptions::checkpoint_every must be 0 (every epoch only) or a positive number of steps");

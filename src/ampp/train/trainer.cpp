@@ -867,6 +867,10 @@ void open_outputs(Run& run) {
     run.say(fmt::format("ampp train: the validation text's unigram baseline loss is {:.4f} (perplexity {:.2f})",
                         *run.data.unigram_loss, std::exp(*run.data.unigram_loss)));
   if (!run.communication.empty()) run.say(run.communication);
+  if (run.o.zero() && run.workers.world == 1)
+    run.say(
+        "ampp train: note: --zero shards the optimizer state over the workers, and this run has one: the state "
+        "stays whole (run 2 or more workers with --nproc N to shard it)");
 }
 
 // model.pt is written in FP32 so that a freshly built model loads it: under O2/O3 the trained
