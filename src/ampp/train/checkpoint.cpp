@@ -1,4 +1,5 @@
 #include <ampp/train/checkpoint.h>
+#include <ampp/train/pytorch_training_checkpoint.h>
 
 #include <ampp/util/atomic_file.h>
 
@@ -118,18 +119,23 @@ void set_rng_state(const torch::Tensor& state) {
 
 namespace {
 
-void save_amp(Amp& amp, torch::serialize::OutputArchive& archive) {
-  for (const auto& [key, value] : amp.state_dict()) archive.write(key, value);
+void save_amp(const TrainingObjects& objects, torch::serialize::OutputArchive& archive) {
+  AmpStateDict state = objects.amp.state_dict();
+  if (state.count("master_params")) state["master_params"] = checkpoint_masters(objects);
+  for (const auto& [key, value] : state) archive.write(key, value);
 }
 
-void load_amp(Amp& amp, torch::serialize::InputArchive& archive) {
+void load_amp(const TrainingObjects& objects, torch::serialize::InputArchive& archive) {
   AmpStateDict state;
   for (const auto& key : archive.keys()) {
     c10::IValue value;
     archive.read(key, value);
     state[key] = value;
   }
-  amp.load_state_dict(state);
+  const auto masters = state.find("master_params");
+  if (masters != state.end() && masters->second.isTensorList())
+    masters->second = local_masters(masters->second.toTensorVector(), objects);
+  objects.amp.load_state_dict(state);
 }
 
 void write_position(const RunPosition& position, torch::serialize::OutputArchive& archive) {
@@ -179,7 +185,7 @@ std::string training_checkpoint_bytes(const TrainingObjects& objects, const RunP
   torch::serialize::OutputArchive file, model, optimizer, amp, sampler, trainer;
   objects.model.save(model);
   objects.optimizer.save(optimizer);
-  save_amp(objects.amp, amp);
+  save_amp(objects, amp);
   objects.sampler.save(sampler);
   write_position(position, trainer);
   file.write("model", model);
@@ -209,6 +215,33 @@ TrainingCheckpoint::TrainingCheckpoint(const std::string& path) : path_(path) {
   }
 }
 
+std::vector<torch::Tensor> checkpoint_masters(const TrainingObjects& objects) {
+  const auto named = named_master_params(objects.model, objects.amp);
+  const auto params = objects.model.named_parameters();
+  TORCH_CHECK(objects.masters.empty() || objects.masters.size() == named.size(), "TrainingObjects::masters has ",
+              objects.masters.size(), " tensors for ", named.size(), " parameters");
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < named.size(); ++i) {
+    if (params[named[i].first].scalar_type() == torch::kFloat) continue;  // its own master (BatchNorm under O2)
+    out.push_back((objects.masters.empty() ? named[i].second : objects.masters[i]).detach());
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> local_masters(const std::vector<torch::Tensor>& saved, const TrainingObjects& objects) {
+  const auto params = objects.model.named_parameters();
+  std::vector<torch::Tensor> out;
+  size_t j = 0;
+  for (const auto& [name, master] : named_master_params(objects.model, objects.amp)) {
+    if (params[name].scalar_type() == torch::kFloat) continue;
+    TORCH_CHECK(j < saved.size(), "the checkpoint has ", saved.size(), " master weights, fewer than this model's");
+    if (!master.is_same(params[name])) out.push_back(saved[j]);  // a master this process steps
+    ++j;
+  }
+  TORCH_CHECK(j == saved.size(), "the checkpoint has ", saved.size(), " master weights but this model has ", j);
+  return out;
+}
+
 void TrainingCheckpoint::restore(const TrainingObjects& objects) {
   try {
     restore_objects(objects);
@@ -223,7 +256,7 @@ void TrainingCheckpoint::restore_objects(const TrainingObjects& objects) {
   archive_.read("model", model);
   objects.model.load(model);
   archive_.read("amp", amp);
-  load_amp(objects.amp, amp);
+  load_amp(objects, amp);
   archive_.read("optimizer", optimizer);
   objects.optimizer.load(optimizer);
   archive_.read("sampler", sampler);

@@ -43,9 +43,6 @@ void validate_model_and_precision(const TrainOptions& o) {
   TORCH_CHECK(text == is_gpt(o.model()), "TrainOptions::data '", o.data(), "' ",
               text ? "is text, which only the GPTs read; use --model gpt-tiny (or gpt-mini, gpt2-124m)"
                    : "holds images, which the GPTs cannot read; use --data text or text:FILE, or an image model");
-  TORCH_CHECK(!(o.zero() && o.opt_level() == OptLevel::O2),
-              "TrainOptions::zero: ampp train cannot checkpoint O2's sharded FP32 masters yet (the library's "
-              "ZeroRedundancyOptimizer shards them under ampp::initialize); use --opt-level O1 or O0 with --zero");
 }
 
 void validate_optimization(const TrainOptions& o) {

@@ -56,8 +56,11 @@ void save_pytorch_training_checkpoint(const std::string& path, const TrainingObj
                                       const RunPosition& position) {
   auto model = module_state_dict(objects.model);
   // The optimizer steps the masters (O2) or the parameters themselves: their values are the run's.
-  for (const auto& [name, master] : named_master_params(objects.model, objects.amp))
-    model.insert_or_assign(name, master.detach().to(torch::kCPU, torch::kFloat).clone());
+  const auto named = named_master_params(objects.model, objects.amp);
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& master = objects.masters.empty() ? named[i].second : objects.masters[i];
+    model.insert_or_assign(named[i].first, master.detach().to(torch::kCPU, torch::kFloat).clone());
+  }
   auto ckpt = make_pytorch_dict();
   ckpt.insert("model", model);
   ckpt.insert("optimizer", optimizer_state_dict(objects.optimizer));

@@ -223,7 +223,7 @@ struct Run {
   // What a checkpoint holds: under ZeRO the whole state, gathered on the leader by consolidate_state_dict().
   TrainingObjects objects_to_save() {
     auto* z = zero();
-    return {*model, z ? *z->consolidated() : optimizer, amp, sampler};
+    return {*model, z ? *z->consolidated() : optimizer, amp, sampler, gathered_masters};
   }
   double elapsed() const { return position.elapsed + std::chrono::duration<double>(Clock::now() - started).count(); }
   void say(const std::string& line) const {
@@ -270,6 +270,7 @@ struct Run {
   PhaseClock clock{phases};
   std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
   std::optional<OpProfile> ops;
+  std::vector<torch::Tensor> gathered_masters;  // ZeRO under O2: every shard's masters, for the checkpoint
 };
 
 // ---- small helpers ----
@@ -416,12 +417,36 @@ void resume_from_pytorch(Run& run) {
 
 bool check_finite_weights(Run& run);  // below, with the divergence checks
 
+// ZeRO under O2: each rank holds the FP32 masters of its shard only. One allreduce gives every rank all of
+// them: the owner adds its master to -0.0, the others -0.0, which leaves every value exact (signed zeros too).
+std::vector<torch::Tensor> gather_masters(Run& run) {
+  auto* zero = run.zero();
+  if (!zero || !run.amp.properties().master_weights().value_or(false)) return {};
+  const auto mine = run.amp.master_params();  // in param-group order, as owners()
+  std::vector<torch::Tensor> parts;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const bool owned = zero->owners().at(i) == run.workers.rank;
+    parts.push_back(owned ? mine[i].detach().to(torch::kFloat).flatten()
+                          : torch::full({mine[i].numel()}, -0.0, torch::kFloat));
+  }
+  auto flat = torch::cat(parts);
+  allreduce_sum(run.workers.pg, flat);
+  std::vector<torch::Tensor> all;
+  int64_t offset = 0;
+  for (const auto& m : mine) {
+    all.push_back(flat.slice(0, offset, offset + m.numel()).view(m.sizes()));
+    offset += m.numel();
+  }
+  return all;
+}
+
 // Running sums become global totals held by rank 0, so any world size resumes them exactly.
 void save(Run& run, int64_t epoch, int64_t batch) {
   if (!check_finite_weights(run)) return;  // a diagnosis run goes on; the last checkpoint stays
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.sums = run.workers.leader() ? totals : EpochSums{};
   if (auto* zero = run.zero()) zero->consolidate_state_dict(0);  // every rank sends its shard to the leader
+  run.gathered_masters = gather_masters(run);
   if (!run.workers.leader()) return;
   RunPosition now;
   now.fingerprint = fingerprint(run.o, run.workers.world);
