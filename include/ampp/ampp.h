@@ -26,7 +26,7 @@
 #include <ampp/scaling/gradient_ranges.h>
 
 // amp: ampp::initialize, OptLevel O0-O3, Properties, the Amp handle, FP32 master weights
-#include <ampp/amp/handle.h>
+#include <ampp/amp/amp.h>
 #include <ampp/amp/initialize.h>
 #include <ampp/amp/opt_level.h>
 #include <ampp/amp/properties.h>
@@ -43,8 +43,10 @@
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/doctor.h>
+#include <ampp/train/gpt.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
+#include <ampp/train/options.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 #include <ampp/train/tensorboard.h>
 #include <ampp/train/trainer.h>

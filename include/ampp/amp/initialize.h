@@ -18,7 +18,7 @@
 // Call it once, before wrapping the model in DistributedDataParallel, with an FP32 model whose
 // parameters all live on one device type and optimizers built from that model's parameters.
 
-#include <ampp/amp/handle.h>
+#include <ampp/amp/amp.h>
 #include <ampp/amp/opt_level.h>
 #include <ampp/amp/properties.h>
 

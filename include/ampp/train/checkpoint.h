@@ -19,7 +19,7 @@
 // A training checkpoint (save_training_checkpoint / TrainingCheckpoint) holds five archives: "model",
 // "optimizer", "amp" (loss scalers, apex's state_dict keys), "sampler" and "trainer" (RunPosition
 // and the global CPU RNG state).
-#include <ampp/amp/handle.h>
+#include <ampp/amp/amp.h>
 #include <ampp/dist/sampler.h>
 
 #include <torch/torch.h>

@@ -1,6 +1,7 @@
 #pragma once
 // The one place that reads LibTorch's version. Version differences live in small per-layer compat
-// headers (precision/autocast_compat.h, dist/c10d_compat.h, ...) that test AMPP_TORCH_AT_LEAST.
+// headers that test AMPP_TORCH_AT_LEAST: src/ampp/<layer>/torch_compat.h (numerics, precision, scaling,
+// dist, train) and include/ampp/util/optimizer_compat.h (public: optimizer state in headers).
 #include <torch/version.h>
 
 /// True when ampp is compiled against LibTorch `major.minor` or newer.

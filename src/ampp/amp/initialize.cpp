@@ -43,12 +43,10 @@ GradScalerOptions scaler_options(const Properties& p) {
   GradScalerOptions o;
   o.allow_fp16_grads(true);  // O3 with fp16 on CUDA has fp16 grads; apex only warns about them
   if (p.loss_scale().is_dynamic()) {
-    // apex LossScaler: 2^16 (capped by max_loss_scale), x2 after 2000 clean backwards, /2 on overflow,
-    // clamped to [min_loss_scale, max_loss_scale]; at the floor it keeps skipping (no error).
-    o.init_scale(std::min(65536.0, p.max_loss_scale()))
-        .growth_factor(2.0)
-        .backoff_factor(0.5)
-        .growth_interval(2000)
+    // apex LossScaler: GradScaler's defaults (2^16, x2 after 2000 clean backwards, /2 on overflow), the
+    // start capped by max_loss_scale, clamped to [min_loss_scale, max_loss_scale]; at the floor it keeps
+    // skipping (no error).
+    o.init_scale(std::min(o.init_scale(), p.max_loss_scale()))
         .max_scale(p.max_loss_scale())
         .min_scale(p.min_loss_scale().value_or(0.0))
         .at_min_scale(MinScaleAction::kIgnore);

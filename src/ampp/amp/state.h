@@ -1,7 +1,7 @@
 #pragma once
 // The state behind an ampp::Amp handle (shared by the handle's copies and its ScaledLoss objects).
 
-#include <ampp/amp/handle.h>
+#include <ampp/amp/amp.h>
 #include <ampp/amp/properties.h>
 #include <ampp/scaling/grad_scaler.h>
 

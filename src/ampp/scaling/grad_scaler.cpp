@@ -7,7 +7,6 @@
 
 #include <ampp/numerics/unscale.h>
 #include <ampp/numerics/update_scale.h>
-#include <ampp/util/torch_version.h>
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -16,6 +15,8 @@
 #include <cmath>
 #include <map>
 #include <utility>
+
+#include "torch_compat.h"
 
 namespace ampp {
 namespace {
@@ -118,12 +119,7 @@ torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
   // PyTorch 1.13's (1,)-shaped scale did by type promotion. Backward casts the gradient back.
   const bool low_precision = outputs.scalar_type() == torch::kHalf || outputs.scalar_type() == torch::kBFloat16;
   torch::Tensor scaled = (low_precision ? outputs.to(torch::kFloat) : outputs) * s;  // out of place, as PyTorch
-#if !AMPP_TORCH_AT_LEAST(2, 0)
-  // Shapes follow the PyTorch ampp is built against: 1.13's scale has shape (1,), so a 0-dim loss
-  // scales to shape (1,); 2.x keeps it 0-dim.
-  if (scaled.dim() == 0) scaled = scaled.reshape({1});
-#endif
-  return scaled;
+  return scaling::compat::scaled_output_shape(scaled);
 }
 
 std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& outputs) {

@@ -2,7 +2,7 @@
 // "TrainOptions::<field>"; `ampp train` shows them as the flag that sets it.
 #include <ampp/train/gpt.h>
 #include <ampp/train/models.h>
-#include <ampp/train/trainer.h>
+#include <ampp/train/options.h>
 
 #include <c10/util/Exception.h>
 

@@ -595,7 +595,7 @@ double allreduce_wait_seconds(Ddp& ddp) {
 
 StepResult train_step(Run& run, const Batch& batch) {
   Amp& amp = run.amp;
-  amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/handle.h)
+  amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/amp.h)
   run.buffer_guard.save();
   torch::Tensor logits = run.ddp ? amp.forward(*run.ddp, batch.data) : amp.forward(run.model, batch.data);
   logits = logits.to(torch::kFloat32);

@@ -1,0 +1,120 @@
+#pragma once
+// TrainOptions: everything `ampp train` can be told, with its defaults (written once, here), checked by
+// validate() (src/ampp/train/options.cpp), and the paths and defaults derived from it.
+#include <ampp/amp/opt_level.h>
+#include <ampp/amp/properties.h>
+
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ampp::train {
+
+struct TrainOptions {
+  // mlp, cnn, resnet (images) or gpt-tiny, gpt-mini, gpt2-124m (text; gpt.h).
+  TORCH_ARG(std::string, model) = "cnn";
+  // "" = the model's default: Fashion-MNIST from dataset-fashion-mnist for images, the text of Debian's
+  // fortunes package for a GPT. Or "synthetic[:N]", an MNIST-format folder, "text:FILE" (a file or folder).
+  TORCH_ARG(std::string, data) = "";
+  // GPTs: tokens per sequence and the sizes (ModelOptions); 0 = the preset's.
+  TORCH_ARG(int64_t, context) = 0;
+  TORCH_ARG(int64_t, n_layer) = 0;
+  TORCH_ARG(int64_t, n_head) = 0;
+  TORCH_ARG(int64_t, n_embd) = 0;
+  TORCH_ARG(OptLevel, opt_level) = OptLevel::O1;
+  // The low-precision dtype of O1-O3: kHalf (fp16, emulated on CPU) or kBFloat16.
+  TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Half;
+  // nullopt: the opt level's own (apex: static 1.0 at O0 and O3, dynamic at O1 and O2).
+  TORCH_ARG(std::optional<LossScale>, loss_scale) = std::nullopt;
+  // Global batch; each of W workers takes batch_size / W (integer division, as seed 000).
+  TORCH_ARG(int64_t, batch_size) = 128;
+  TORCH_ARG(int64_t, epochs) = 3;
+  // Stop after this many optimizer iterations in total (0 = no limit).
+  TORCH_ARG(int64_t, steps) = 0;
+  TORCH_ARG(double, lr) = 0.05;
+  TORCH_ARG(double, momentum) = 0.9;
+  TORCH_ARG(double, weight_decay) = 1e-4;
+  // StepLR(step_size = lr_step epochs, gamma), with LibTorch's counting; 0 = constant lr.
+  TORCH_ARG(int64_t, lr_step) = 0;
+  TORCH_ARG(double, lr_gamma) = 0.1;
+  // Linear warmup: the k-th optimizer step taken uses lr * k / warmup_steps until k reaches it. A step
+  // skipped for inf/NaN gradients does not count (nor advance the schedule); 0 = off.
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  // clip_grad_norm_ on the (unscaled) master gradients; 0 = off.
+  TORCH_ARG(double, clip_grad_norm) = 0.0;
+  // BatchNorm statistics over the whole global batch (ampp::dist::SyncBatchNorm) instead of each
+  // worker's share of it. The same as plain BatchNorm with one worker; the mlp has no BatchNorm.
+  TORCH_ARG(bool, sync_batch_norm) = false;
+  // With several workers: each keeps the SGD momentum of its shard of the parameters only
+  // (ampp::dist::ZeroRedundancyOptimizer); checkpoints hold the whole state, as without it.
+  TORCH_ARG(bool, zero) = false;
+  // With several workers: DDP's gradient allreduce and per-forward buffer broadcast through shared memory
+  // among the workers of each machine, and Gloo only between one worker per machine
+  // (ampp::dist::hierarchical_allreduce_hook, hierarchical_buffer_broadcast); false: Gloo for all.
+  TORCH_ARG(bool, shared_memory_allreduce) = true;
+  // MNIST-format images mapped from a file that the workers of this machine share (one copy of the pixels
+  // per machine, not per worker; gzip files are decompressed once into ampp::user_cache_dir()/datasets);
+  // false reads them into each worker's memory.
+  TORCH_ARG(bool, map_data) = true;
+  // ModelOptions::channels_last: cnn and resnet activations in channels-last order (faster CPU kernels).
+  TORCH_ARG(bool, channels_last) = true;
+  // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).
+  TORCH_ARG(int64_t, num_classes) = 0;
+  // The run stops with an error after this many steps in a row were skipped for non-finite gradients
+  // (at every opt level: without a loss scaler the gradients are checked before the step too), so a
+  // diverged run never ends "successfully" or steps NaN into the weights. 0 = never stop.
+  TORCH_ARG(int64_t, max_consecutive_skips) = 25;
+  TORCH_ARG(uint64_t, seed) = 0;
+  TORCH_ARG(bool, deterministic) = false;
+  // Seconds a collective or the rendezvous waits for the other workers before failing (PyTorch's
+  // default is 30 minutes; a stalled local worker is named sooner by the launcher's stall watch).
+  TORCH_ARG(double, timeout) = 300;
+  // Intra-op threads per worker; 0 = OMP_NUM_THREADS if set, else cores / local workers.
+  TORCH_ARG(int, threads) = 0;
+  // "" = no checkpoints. Written every epoch and every checkpoint_every steps (0 = per epoch only).
+  TORCH_ARG(std::string, checkpoint_dir) = "";
+  TORCH_ARG(int64_t, checkpoint_every) = 0;
+  TORCH_ARG(bool, resume) = false;
+  // "" = off. A PyTorch-format checkpoint to continue from (a file Python's torch.save wrote, or an
+  // ampp checkpoint.pt): a training dict {"model", "optimizer", "scaler", "epoch", "batch", "step"}
+  // continues at its position; a bare model state_dict starts this run from its weights. Used only
+  // when the run has no checkpoint of its own to resume (a restarted worker continues from that).
+  TORCH_ARG(std::string, resume_from) = "";
+  // metrics.jsonl, summary.json, model.pt and the PNG plots go here.
+  TORCH_ARG(std::string, out) = "ampp-train-out";
+  // A step record every log_every steps (and for every skipped step).
+  TORCH_ARG(int64_t, log_every) = 10;
+  TORCH_ARG(bool, plots) = true;
+  // The numerics doctor: rank 0 records every step's gradient exponents (a few passes over the
+  // gradients per step) and writes doctor.json and doctor_gradients.png into `out` at the end, or when
+  // the run diverges. See docs/numerics.md.
+  TORCH_ARG(bool, doctor) = false;
+  // "" = off. Rank 0 also writes metrics.jsonl's scalars (and, with the doctor, its gradient
+  // histograms) as TensorBoard event files into this folder (include/ampp/train/tensorboard.h).
+  TORCH_ARG(std::string, tensorboard) = "";
+  // Progress output on rank 0 (false for quiet tests).
+  TORCH_ARG(bool, progress) = true;
+  // Print where each rank's step time went (data, forward, backward, allreduce wait, optimizer, ...) at
+  // the end; summary.json holds it either way (include/ampp/train/step_phases.h). Also counts every
+  // tensor (a wrapper around LibTorch's CPU allocator, from the start of train()) and reports rank 0's
+  // memory by kind: weights, masters, gradients, optimizer state, data, activations (memory_report.h).
+  TORCH_ARG(bool, profile) = false;
+};
+
+// Throws c10::Error naming the bad option ("TrainOptions::lr must be ...") and the fix.
+void validate(const TrainOptions& options);
+
+// TrainOptions::data with the model's default filled in ("text" for a GPT).
+std::string data_spec(const TrainOptions& options);
+// A GPT's tokens per sequence: TrainOptions::context, or the preset's.
+int64_t context_of(const TrainOptions& options);
+
+// The checkpoint file inside checkpoint_dir.
+std::string checkpoint_path(const TrainOptions& options);
+// Its PyTorch-format twin for Python (checkpoint.pt, checkpoint.h), written with it.
+std::string pytorch_checkpoint_path(const TrainOptions& options);
+
+}  // namespace ampp::train
