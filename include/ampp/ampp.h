@@ -5,6 +5,7 @@
 
 // util: number parsing, core and thread counts, the LibTorch version macro
 #include <ampp/util/batch_norm_like.h>
+#include <ampp/util/launch_environment.h>
 #include <ampp/util/parse_number.h>
 #include <ampp/util/threads.h>
 #include <ampp/util/torch_version.h>

@@ -194,3 +194,33 @@ TEST(InitializeErrors, ScaleLossArguments) {
   AMPP_EXPECT_THROW_WITH(amp.scale_loss(torch::ones({}), ampp::ScaleLossOptions().optimizers({&stranger})),
                          "was not passed to ampp::initialize");
 }
+
+namespace {
+
+// As pytorch/examples' cpp/mnist declares its network: a plain module, not through TORCH_MODULE.
+struct ByValueNet : torch::nn::Module {
+  ByValueNet() { fc = register_module("fc", torch::nn::Linear(4, 3)); }
+  torch::Tensor forward(torch::Tensor x) { return fc->forward(x); }
+  torch::nn::Linear fc{nullptr};
+};
+
+}  // namespace
+
+// Evaluation after O2 training: amp.forward casts the input to the model's dtype (and the output back),
+// given the model as a std::shared_ptr or as the module itself (a reference); called directly, the model
+// refuses FP32 input. (initialize() needs the module in a shared_ptr: LibTorch's modules() does.)
+TEST(Initialize, O2EvaluationGoesThroughAmpForwardForEveryWayOfHoldingTheModel) {
+  torch::manual_seed(0);
+  auto shared = std::make_shared<ByValueNet>();
+  ByValueNet& net = *shared;
+  torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.1));
+  auto amp = ampp::initialize(shared, opt, quiet(OptLevel::O2));
+  const auto x = torch::randn({2, 4});
+  net.eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_THROW(net.forward(x), c10::Error);  // float input, bf16 weights
+  const auto by_value = amp.forward(net, x);
+  EXPECT_EQ(by_value.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(amp.forward(shared, x), by_value));
+  EXPECT_TRUE(torch::equal(by_value, net.forward(x.to(torch::kBFloat16)).to(torch::kFloat)));
+}

@@ -130,3 +130,24 @@ TEST(Properties, PrintsEveryProperty) {
   EXPECT_THAT(text, HasSubstr("master_weights         : True"));
   EXPECT_THAT(text, HasSubstr("loss_scale             : 128"));
 }
+
+// apex prints the properties table in every process; ampp in rank 0's (or an unlaunched process's) only.
+TEST(Properties, TheTablePrintsOnRankZeroOnlyAndVerbosityZeroSilencesIt) {
+  auto printed = [](const char* rank, int verbosity) {
+    if (rank)
+      ::setenv("RANK", rank, 1);
+    else
+      ::unsetenv("RANK");
+    auto net = torch::nn::Linear(2, 2);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    ::testing::internal::CaptureStderr();
+    auto amp = ampp::initialize(net, opt, Properties(OptLevel::O2).verbosity(verbosity));
+    const std::string out = ::testing::internal::GetCapturedStderr();
+    ::unsetenv("RANK");
+    return out.find("optimization level O2") != std::string::npos;
+  };
+  EXPECT_TRUE(printed(nullptr, 1));
+  EXPECT_TRUE(printed("0", 1));
+  EXPECT_FALSE(printed("1", 1));
+  EXPECT_FALSE(printed(nullptr, 0));
+}

@@ -149,6 +149,19 @@ TEST(AmppRun, PrefixesEveryWorkerLineWithItsRank) {
   EXPECT_EQ(count, 6);
 }
 
+// A worker that dies of an uncaught exception keeps what it printed (ampp's process group flushes stdout
+// before the terminate handler aborts), and the exception shows too.
+TEST(AmppRun, AWorkerThatCrashesKeepsItsOutput) {
+  const RunResult r = ampp_run({"--nproc-per-node", "2", "--", AMPP_TEST_CRASH_WORKER_PATH});
+  EXPECT_NE(r.exit_code(), 0) << describe(r);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string p = "[rank" + std::to_string(rank) + "]: ", R = std::to_string(rank);
+    EXPECT_THAT(r.out, HasSubstr(p + "printf before the crash, rank " + R + "\n")) << describe(r);
+    EXPECT_THAT(r.out, HasSubstr(p + "cout before the crash, rank " + R + "\n")) << describe(r);
+  }
+  EXPECT_THAT(r.err, HasSubstr("the worker's own error")) << describe(r);
+}
+
 TEST(AmppRun, WorkerKilledWithSigkillTearsDownTheGroupQuickly) {
   TempDir dir;
   Clock::time_point killed_at;

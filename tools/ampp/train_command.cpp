@@ -14,6 +14,7 @@
 #include <ampp/train/dataset.h>
 #include <ampp/train/trainer.h>
 #include <ampp/util/atomic_file.h>
+#include <ampp/util/launch_environment.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -188,8 +189,7 @@ int run(TrainArgs a) {
   TORCH_CHECK(a.stall_timeout_s >= 0 && a.stall_timeout_s <= 1e6,
               "--stall-timeout must be 0 (off) to 1e6 seconds, got ", a.stall_timeout_s);
   ampp::train::validate(a.options);
-  const char* world = std::getenv("WORLD_SIZE");
-  const bool launching = world == nullptr || *world == '\0';  // not a worker of a launcher or torchrun
+  const bool launching = !ampp::launch_environment().launched();  // not a worker of a launcher or torchrun
   if (a.nproc == kAutoNproc) a.nproc = launching ? chosen_nproc(a.options) : 1;
   if (a.nproc > 1 && launching) return launch_workers(a);
   // The progress bar already says what the workers do: the library's setup lines (process group

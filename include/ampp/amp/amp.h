@@ -37,7 +37,23 @@ namespace ampp {
 
 namespace detail {
 struct AmpState;
+
+template <typename T, typename = void>
+struct has_arrow : std::false_type {};
+template <typename T>
+struct has_arrow<T, std::void_t<decltype(std::declval<T&>().operator->())>> : std::true_type {};
+
+// What forward() is called on: through operator-> for a module holder, a std::shared_ptr or DDP, else the
+// module itself (held by value).
+template <typename Model>
+auto* forward_target(Model& model) {
+  if constexpr (has_arrow<Model>::value) {
+    return model.operator->();
+  } else {
+    return &model;
+  }
 }
+}  // namespace detail
 
 /// apex's scale_loss() arguments other than the loss.
 struct ScaleLossOptions {
@@ -114,10 +130,13 @@ class Amp {
   /// apex's patched model.forward: runs `model->forward(args...)` inside autocast(), with floating
   /// tensor arguments cast to cast_model_type (O2/O3) and floating tensor outputs cast to
   /// cast_model_outputs (float32 by default), so the loss is computed in FP32.
+  /// The model: a module holder, a std::shared_ptr to a module, or a module itself (held by value). Use it
+  /// for evaluation too: under O2/O3 a model called directly gets FP32 inputs for its low-precision
+  /// weights ("Input type (float) and bias type (c10::BFloat16) should be the same").
   template <typename Model, typename... Args>
   auto forward(Model& model, Args&&... args) {
     auto region = autocast();
-    return cast_outputs(model->forward(cast_arg(std::forward<Args>(args))...));
+    return cast_outputs(detail::forward_target(model)->forward(cast_arg(std::forward<Args>(args))...));
   }
 
   /// One input / output as forward() casts it.
@@ -132,6 +151,11 @@ class Amp {
   /// steps (so each step does not allocate them again) while the masters' .grad is dropped; empty
   /// before the first O2 backward and at O0, O1 and O3. For memory accounting.
   std::vector<torch::Tensor> master_gradient_buffers() const;
+
+  /// Whether initialize() cast `param` (a model parameter) to the low-precision type, or rounded it to
+  /// fp16 values in place under fp16 emulation: under O2 such a parameter has an FP32 master (under ZeRO,
+  /// on the rank that steps it); the others (BatchNorm's, kept FP32) are their own master.
+  bool was_cast(const torch::Tensor& param) const;
 
   /// Copies every FP32 master from its model parameter, e.g. after loading model weights from a
   /// checkpoint saved without the amp state (masters then start from the low-precision values).

@@ -6,6 +6,7 @@
 //   { auto guard = ddp.no_sync(); ... }                  // accumulate locally
 #include <memory>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,11 @@ template <typename T>
 std::shared_ptr<torch::nn::Module> module_ptr(const std::shared_ptr<T>& p) {
   return p;
 }
+
+template <typename T>
+struct is_shared_module : std::false_type {};
+template <typename T>
+struct is_shared_module<std::shared_ptr<T>> : std::is_base_of<torch::nn::Module, T> {};
 }  // namespace detail
 
 // RAII form of PyTorch's `with ddp.no_sync():`.
@@ -92,6 +98,12 @@ class [[nodiscard]] NoSyncGuard {
 
 template <typename ModuleHolder>
 class DistributedDataParallel {
+  static_assert(torch::detail::is_module_holder<ModuleHolder>::value || detail::is_shared_module<ModuleHolder>::value,
+                "ampp::dist::DistributedDataParallel shares the module it wraps, so it takes a module holder "
+                "(TORCH_MODULE(Net) over NetImpl, as LibTorch's own modules) or a std::shared_ptr<NetImpl>. A module "
+                "held by value (`Net model;` with `struct Net : torch::nn::Module`) would be copied: declare it as "
+                "`auto model = std::make_shared<Net>();` and pass `model`.");
+
  public:
   explicit DistributedDataParallel(ModuleHolder module, ProcessGroup group = default_group(),
                                    DistributedDataParallelOptions options = {})

@@ -143,6 +143,12 @@ std::vector<torch::Tensor> Amp::master_params(const torch::optim::Optimizer& opt
   TORCH_CHECK(false, "master_params: this optimizer was not passed to ampp::initialize() for this handle.");
 }
 
+bool Amp::was_cast(const torch::Tensor& param) const {
+  for (const auto& t : state_->cast_params)
+    if (t.is_same(param)) return true;
+  return false;
+}
+
 void Amp::sync_masters_from_model() {
   torch::NoGradGuard no_grad;
   for (auto& rec : state_->optimizers) {

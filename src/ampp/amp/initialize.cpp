@@ -5,6 +5,7 @@
 #include "optimizer_state.h"
 #include "state.h"
 
+#include <ampp/util/launch_environment.h>
 #include <ampp/util/sharded_optimizer.h>
 
 #include <fmt/core.h>
@@ -215,7 +216,9 @@ Amp initialize(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
   const bool unit_static = !p.loss_scale().is_dynamic() && p.loss_scale().value() == 1.0;
   st->scales_loss = p.enabled() && (st->use_masters || !unit_static);
 
-  if (p.enabled() && p.verbosity() >= 1) {
+  // apex prints its table in every process; one copy (rank 0's, or an unlaunched process's) says it all.
+  const auto rank = launch_environment().rank;
+  if (p.enabled() && p.verbosity() >= 1 && (!rank || *rank == "0")) {
     fmt::print(stderr, "ampp: optimization level {} ({}{})\n{}", to_string(p.opt_level()),
                c10::DeviceTypeName(st->device_type, true), st->emulate_fp16 ? ", fp16 emulated" : "", p.to_string());
   }

@@ -2,6 +2,7 @@
 // the world size (through the store, so a mismatch is an error instead of a hang), then create
 // the backend. All transport is c10d's.
 #include <ampp/dist/process_group.h>
+#include <ampp/util/launch_environment.h>
 #include <ampp/util/parse_number.h>
 
 #include <ampp/dist/log.h>
@@ -16,8 +17,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -60,11 +64,10 @@ const char* getenv_nonempty(const char* name) {
   return (v && *v) ? v : nullptr;
 }
 
-std::string require_env(const char* name) {
-  const char* v = getenv_nonempty(name);
-  TORCH_CHECK(v, "ampp::dist::init_process_group(env://): environment variable ", name, " expected, but not set. ",
+std::string require_env(const std::optional<std::string>& value, const char* name) {
+  TORCH_CHECK(value, "ampp::dist::init_process_group(env://): environment variable ", name, " expected, but not set. ",
               kLaunchHint, ".");
-  return v;
+  return *value;
 }
 
 Url parse_url(const std::string& method) {
@@ -385,11 +388,10 @@ struct Membership {
 // /worker/attempt_<restart count> of one store; 2.x starts a fresh store per attempt and drops the
 // prefix. ampp always uses it: harmless on a fresh store, needed on a reused one.
 void resolve_agent_store(Membership& m) {
-  const char* use = getenv_nonempty("TORCHELASTIC_USE_AGENT_STORE");
-  m.agent_store = use != nullptr && std::string(use) == "True";
+  const auto env = launch_environment();
+  m.agent_store = env.use_agent_store == "True";
   if (!m.agent_store) return;
-  const char* attempt = getenv_nonempty("TORCHELASTIC_RESTART_COUNT");
-  m.agent_prefix = fmt::format("/worker/attempt_{}", attempt ? attempt : "0");
+  m.agent_prefix = fmt::format("/worker/attempt_{}", env.restart_count.value_or("0"));
   m.origin += " (torchrun's agent store)";
 }
 
@@ -403,10 +405,13 @@ void resolve_rank_and_world(const InitOptions& options, Membership& m) {
   from_query("rank", m.rank, 0);
   from_query("world_size", m.world, 1);
   if (m.url.scheme == "env") {
-    if (m.rank < 0) m.rank = parse_int("environment variable RANK", require_env("RANK"), 0);
-    if (m.world < 0) m.world = parse_int("environment variable WORLD_SIZE", require_env("WORLD_SIZE"), 1);
-    m.master_addr = require_env("MASTER_ADDR");
-    m.master_port = static_cast<int>(parse_int("environment variable MASTER_PORT", require_env("MASTER_PORT"), 0));
+    const auto env = launch_environment();
+    if (m.rank < 0) m.rank = parse_int("environment variable RANK", require_env(env.rank, "RANK"), 0);
+    if (m.world < 0)
+      m.world = parse_int("environment variable WORLD_SIZE", require_env(env.world_size, "WORLD_SIZE"), 1);
+    m.master_addr = require_env(env.master_addr, "MASTER_ADDR");
+    m.master_port =
+        static_cast<int>(parse_int("environment variable MASTER_PORT", require_env(env.master_port, "MASTER_PORT"), 0));
     m.origin = fmt::format("env:// MASTER_ADDR={} MASTER_PORT={}", m.master_addr, m.master_port);
     resolve_agent_store(m);
   } else {
@@ -426,9 +431,9 @@ void resolve_rank_and_world(const InitOptions& options, Membership& m) {
 void resolve_local_rank(Membership& m) {
   m.local_rank = m.rank;
   m.local_size = m.world;
-  if (const char* v = getenv_nonempty("LOCAL_RANK")) m.local_rank = parse_int("environment variable LOCAL_RANK", v, 0);
-  if (const char* v = getenv_nonempty("LOCAL_WORLD_SIZE"))
-    m.local_size = parse_int("environment variable LOCAL_WORLD_SIZE", v, 1);
+  const auto env = launch_environment();
+  if (env.local_rank) m.local_rank = parse_int("environment variable LOCAL_RANK", *env.local_rank, 0);
+  if (env.local_world_size) m.local_size = parse_int("environment variable LOCAL_WORLD_SIZE", *env.local_world_size, 1);
   TORCH_CHECK(m.local_rank < m.local_size, "ampp::dist::init_process_group: LOCAL_RANK=", m.local_rank,
               " is out of range for LOCAL_WORLD_SIZE=", m.local_size, ". Fix the launcher environment.");
 }
@@ -502,7 +507,29 @@ void check_init_options(const InitOptions& options) {
 }  // namespace
 
 // resolve who and where -> rendezvous store -> every rank present -> backend connected.
+namespace {
+
+// A worker that dies of an uncaught exception would lose what it printed but had not flushed: stdout into
+// a launcher's pipe is fully buffered. Flush it (and std::cout) before the previous terminate handler
+// prints the exception and aborts.
+void flush_output_on_terminate() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static const std::terminate_handler previous = std::get_terminate();
+    std::set_terminate([] {
+      std::cout.flush();
+      std::fflush(stdout);
+      std::cerr.flush();
+      std::fflush(stderr);
+      previous ? previous() : std::abort();
+    });
+  });
+}
+
+}  // namespace
+
 ProcessGroup init_process_group(const InitOptions& options) {
+  flush_output_on_terminate();
   check_init_options(options);
   const Membership m = resolve_membership(options);
   std::string device_address;

@@ -215,6 +215,15 @@ TrainingCheckpoint::TrainingCheckpoint(const std::string& path) : path_(path) {
   }
 }
 
+namespace {
+
+// Under O2 a cast parameter that trains has an FP32 master (Amp::state_dict() lists exactly these).
+bool has_master_entry(const TrainingObjects& objects, const torch::Tensor& param) {
+  return param.requires_grad() && objects.amp.was_cast(param);
+}
+
+}  // namespace
+
 std::vector<torch::Tensor> checkpoint_masters(const TrainingObjects& objects) {
   const auto named = named_master_params(objects.model, objects.amp);
   const auto params = objects.model.named_parameters();
@@ -222,7 +231,7 @@ std::vector<torch::Tensor> checkpoint_masters(const TrainingObjects& objects) {
               objects.masters.size(), " tensors for ", named.size(), " parameters");
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < named.size(); ++i) {
-    if (params[named[i].first].scalar_type() == torch::kFloat) continue;  // its own master (BatchNorm under O2)
+    if (!has_master_entry(objects, params[named[i].first])) continue;  // its own master (BatchNorm under O2)
     out.push_back((objects.masters.empty() ? named[i].second : objects.masters[i]).detach());
   }
   return out;
@@ -233,7 +242,7 @@ std::vector<torch::Tensor> local_masters(const std::vector<torch::Tensor>& saved
   std::vector<torch::Tensor> out;
   size_t j = 0;
   for (const auto& [name, master] : named_master_params(objects.model, objects.amp)) {
-    if (params[name].scalar_type() == torch::kFloat) continue;
+    if (!has_master_entry(objects, params[name])) continue;
     TORCH_CHECK(j < saved.size(), "the checkpoint has ", saved.size(), " master weights, fewer than this model's");
     if (!master.is_same(params[name])) out.push_back(saved[j]);  // a master this process steps
     ++j;

@@ -26,6 +26,7 @@
 #include <ampp/train/trainer.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/folder_lock.h>
+#include <ampp/util/launch_environment.h>
 #include <ampp/util/parse_number.h>
 #include <ampp/util/threads.h>
 #include <fmt/format.h>
@@ -89,7 +90,8 @@ struct Workers {
 Workers set_up_workers(const TrainOptions& o) {
   Workers w;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout() * 1000));
-  if (env_int("WORLD_SIZE", 1) > 1)
+  const auto launch = launch_environment();
+  if (launch.world_size_number() > 1)
     w.pg =
         dist::is_initialized() ? dist::default_group() : dist::init_process_group(dist::InitOptions().timeout(timeout));
   w.rank = w.pg ? w.pg.rank() : 0;
@@ -99,7 +101,7 @@ Workers set_up_workers(const TrainOptions& o) {
   if (w.threads <= 0) w.threads = threads_per_worker(local_world);
   set_compute_threads(w.threads);  // LibTorch and OpenBLAS pools alike (util/threads.h)
   if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-  w.restarted = env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0;
+  w.restarted = launch.restart_count_number() > 0;
   return w;
 }
 
