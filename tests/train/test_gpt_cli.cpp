@@ -90,9 +90,5 @@ TEST(GptCli, ModelsAndDataMustMatch) {
       {"--model gpt-tiny --sync-bn", "--sync-bn: gpt-tiny has no BatchNorm to synchronise"},
       {"--model gpt-tiny --data text:/nonexistent --nproc 1", "text '/nonexistent' does not exist"},
   };
-  for (const auto& [flags, message] : cases) {
-    auto r = run_ampp("train --quiet " + flags);
-    EXPECT_NE(r.code, 0) << flags;
-    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
-  }
+  ampp_test::expect_train_errors(cases);
 }

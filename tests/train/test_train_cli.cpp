@@ -71,11 +71,7 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--warmup-steps=-2", "--warmup-steps must be 0 (off) or a positive number of steps"},
       {"--data /nonexistent/folder --nproc 1", "dataset folder '/nonexistent/folder' does not exist"},
   };
-  for (const auto& [flags, message] : cases) {
-    auto r = run_ampp("train --quiet " + flags);
-    EXPECT_NE(r.code, 0) << flags;
-    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
-  }
+  ampp_test::expect_train_errors(cases);
 }
 
 TEST(TrainCli, MetricsJsonlHasStepEpochAndSummaryRecords) {

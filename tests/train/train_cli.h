@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ampp_test {
 
@@ -83,6 +85,15 @@ inline void expect_same_model(const fs::path& a, const fs::path& b, double toler
     else
       EXPECT_TRUE(torch::allclose(tensor.to(torch::kDouble), tb.at(key).to(torch::kDouble), tolerance, tolerance))
           << key << ": largest difference " << (tensor.to(torch::kDouble) - tb.at(key)).abs().max().item<double>();
+  }
+}
+
+// Each `ampp train --quiet <flags>` fails, and its output holds the expected message.
+inline void expect_train_errors(const std::vector<std::pair<std::string, std::string>>& flags_and_messages) {
+  for (const auto& [flags, message] : flags_and_messages) {
+    auto r = run_ampp("train --quiet " + flags);
+    EXPECT_NE(r.code, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
   }
 }
 
