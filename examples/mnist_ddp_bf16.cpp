@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
       optimizer.step();
       last_loss = loss.item<double>();
       if (first_loss < 0) first_loss = last_loss;
-      if (++step % 100 == 0 && pg.rank() == 0) std::printf("epoch %lld step %lld loss %.4f\n", (long long)epoch, (long long)step, last_loss);
+      if (++step % 100 == 0 && pg.rank() == 0)
+        std::printf("epoch %lld step %lld loss %.4f\n", (long long)epoch, (long long)step, last_loss);
       if (steps > 0 && step >= steps) break;
     }
     // Every rank evaluates the whole test split (as cpp/mnist's test()); rank 0 prints it.
@@ -101,7 +102,8 @@ int main(int argc, char** argv) {
     }
     const auto n = static_cast<double>(data.test.size());
     accuracy = 100 * correct / n;
-    if (pg.rank() == 0) std::printf("epoch %lld: test loss %.4f, accuracy %.2f %%\n", (long long)epoch, test_loss / n, accuracy);
+    if (pg.rank() == 0)
+      std::printf("epoch %lld: test loss %.4f, accuracy %.2f %%\n", (long long)epoch, test_loss / n, accuracy);
   }
   if (pg.rank() == 0) std::printf("training loss %.4f -> %.4f\n", first_loss, last_loss);
   return accuracy > 30 ? 0 : 1;  // learnt: 3x chance (every rank evaluates the same weights)

@@ -40,6 +40,15 @@ void check_runnable(c10::DeviceType device, c10::ScalarType dtype, bool emulate_
   }
 }
 
+// apex prints its table in every process; one copy (rank 0's, or an unlaunched process's) says it all.
+void print_properties(const detail::AmpState& st) {
+  const Properties& p = st.props;
+  const auto rank = launch_environment().rank;
+  if (!p.enabled() || p.verbosity() < 1 || (rank && *rank != "0")) return;
+  fmt::print(stderr, "ampp: optimization level {} ({}{})\n{}", to_string(p.opt_level()),
+             c10::DeviceTypeName(st.device_type, true), st.emulate_fp16 ? ", fp16 emulated" : "", p.to_string());
+}
+
 GradScalerOptions scaler_options(const Properties& p) {
   GradScalerOptions o;
   o.allow_fp16_grads(true);  // O3 with fp16 on CUDA has fp16 grads; apex only warns about them
@@ -216,12 +225,7 @@ Amp initialize(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
   const bool unit_static = !p.loss_scale().is_dynamic() && p.loss_scale().value() == 1.0;
   st->scales_loss = p.enabled() && (st->use_masters || !unit_static);
 
-  // apex prints its table in every process; one copy (rank 0's, or an unlaunched process's) says it all.
-  const auto rank = launch_environment().rank;
-  if (p.enabled() && p.verbosity() >= 1 && (!rank || *rank == "0")) {
-    fmt::print(stderr, "ampp: optimization level {} ({}{})\n{}", to_string(p.opt_level()),
-               c10::DeviceTypeName(st->device_type, true), st->emulate_fp16 ? ", fp16 emulated" : "", p.to_string());
-  }
+  print_properties(*st);
   return Amp(st);
 }
 
