@@ -59,15 +59,7 @@ TEST(GptCli, LearnsTextBelowTheUnigramBaseline) {
 }
 
 TEST(GptCli, ResumeIsBitIdenticalTwoWorkersO2) {
-  ampp_test::TempDir straight, split;
-  const std::string flags = "--nproc 2 --opt-level O2 --dtype bf16";
-  auto r = run_ampp(gpt_run(straight.path(), "--epochs 2 " + flags));
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = run_ampp(gpt_run(split.path(), "--epochs 1 " + flags));
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = run_ampp(gpt_run(split.path(), "--epochs 2 --resume " + flags));
-  ASSERT_EQ(r.code, 0) << r.output;
-  ampp_test::expect_same_model(straight.path() / "out" / "model.pt", split.path() / "out" / "model.pt");
+  ampp_test::check_resume_is_exact("--nproc 2 --opt-level O2 --dtype bf16", gpt_run);
 }
 
 TEST(GptCli, CheckpointLoadsStrictlyIntoThePythonModel) {

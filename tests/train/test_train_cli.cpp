@@ -20,16 +20,7 @@ using ampp_test::expect_same_model;
 using ampp_test::run_ampp;
 using ampp_test::small_run;
 
-void check_resume_is_exact(const std::string& level_flags) {
-  ampp_test::TempDir straight, split;
-  auto r = run_ampp(small_run(straight.path(), "--epochs 2 " + level_flags));
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = run_ampp(small_run(split.path(), "--epochs 1 " + level_flags));
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = run_ampp(small_run(split.path(), "--epochs 2 --resume " + level_flags));
-  ASSERT_EQ(r.code, 0) << r.output;
-  expect_same_model(straight.path() / "out" / "model.pt", split.path() / "out" / "model.pt");
-}
+using ampp_test::check_resume_is_exact;
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -86,6 +87,21 @@ inline void expect_same_model(const fs::path& a, const fs::path& b, double toler
       EXPECT_TRUE(torch::allclose(tensor.to(torch::kDouble), tb.at(key).to(torch::kDouble), tolerance, tolerance))
           << key << ": largest difference " << (tensor.to(torch::kDouble) - tb.at(key)).abs().max().item<double>();
   }
+}
+
+// Two epochs straight, and one epoch then a --resume to two, end in the same model.pt, bit for bit. `run_for`
+// gives the `ampp train` arguments of a run in a folder (small_run by default).
+inline void check_resume_is_exact(
+    const std::string& flags,
+    const std::function<std::string(const fs::path&, const std::string&)>& run_for = small_run) {
+  TempDir straight, split;
+  auto r = run_ampp(run_for(straight.path(), "--epochs 2 " + flags));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_ampp(run_for(split.path(), "--epochs 1 " + flags));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_ampp(run_for(split.path(), "--epochs 2 --resume " + flags));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expect_same_model(straight.path() / "out" / "model.pt", split.path() / "out" / "model.pt");
 }
 
 // Each `ampp train --quiet <flags>` fails, and its output holds the expected message.
