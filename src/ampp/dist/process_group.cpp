@@ -387,15 +387,14 @@ struct Membership {
 // As PyTorch's env:// rendezvous: "True" exactly. PyTorch 1.x keys each attempt under
 // /worker/attempt_<restart count> of one store; 2.x starts a fresh store per attempt and drops the
 // prefix. ampp always uses it: harmless on a fresh store, needed on a reused one.
-void resolve_agent_store(Membership& m) {
-  const auto env = launch_environment();
+void resolve_agent_store(const LaunchEnvironment& env, Membership& m) {
   m.agent_store = env.use_agent_store == "True";
   if (!m.agent_store) return;
   m.agent_prefix = fmt::format("/worker/attempt_{}", env.restart_count.value_or("0"));
   m.origin += " (torchrun's agent store)";
 }
 
-void resolve_rank_and_world(const InitOptions& options, Membership& m) {
+void resolve_rank_and_world(const InitOptions& options, const LaunchEnvironment& env, Membership& m) {
   m.rank = options.rank();
   m.world = options.world_size();
   auto from_query = [&](const char* key, int64_t& value, int64_t min_value) {
@@ -405,7 +404,6 @@ void resolve_rank_and_world(const InitOptions& options, Membership& m) {
   from_query("rank", m.rank, 0);
   from_query("world_size", m.world, 1);
   if (m.url.scheme == "env") {
-    const auto env = launch_environment();
     if (m.rank < 0) m.rank = parse_int("environment variable RANK", require_env(env.rank, "RANK"), 0);
     if (m.world < 0)
       m.world = parse_int("environment variable WORLD_SIZE", require_env(env.world_size, "WORLD_SIZE"), 1);
@@ -413,7 +411,7 @@ void resolve_rank_and_world(const InitOptions& options, Membership& m) {
     m.master_port =
         static_cast<int>(parse_int("environment variable MASTER_PORT", require_env(env.master_port, "MASTER_PORT"), 0));
     m.origin = fmt::format("env:// MASTER_ADDR={} MASTER_PORT={}", m.master_addr, m.master_port);
-    resolve_agent_store(m);
+    resolve_agent_store(env, m);
   } else {
     TORCH_CHECK(m.rank >= 0, "ampp::dist::init_process_group(", m.url.scheme,
                 "://): rank parameter missing. Pass InitOptions().rank(r) or append ?rank=r to the URL.");
@@ -428,10 +426,9 @@ void resolve_rank_and_world(const InitOptions& options, Membership& m) {
 }
 
 // LOCAL_RANK / LOCAL_WORLD_SIZE (torchrun sets both); without them assume one node.
-void resolve_local_rank(Membership& m) {
+void resolve_local_rank(const LaunchEnvironment& env, Membership& m) {
   m.local_rank = m.rank;
   m.local_size = m.world;
-  const auto env = launch_environment();
   if (env.local_rank) m.local_rank = parse_int("environment variable LOCAL_RANK", *env.local_rank, 0);
   if (env.local_world_size) m.local_size = parse_int("environment variable LOCAL_WORLD_SIZE", *env.local_world_size, 1);
   TORCH_CHECK(m.local_rank < m.local_size, "ampp::dist::init_process_group: LOCAL_RANK=", m.local_rank,
@@ -441,8 +438,9 @@ void resolve_local_rank(Membership& m) {
 Membership resolve_membership(const InitOptions& options) {
   Membership m;
   m.url = parse_url(options.init_method());
-  resolve_rank_and_world(options, m);
-  resolve_local_rank(m);
+  const auto env = launch_environment();  // read once for the whole membership
+  resolve_rank_and_world(options, env, m);
+  resolve_local_rank(env, m);
   return m;
 }
 
