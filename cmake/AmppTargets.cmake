@@ -24,6 +24,11 @@ function(ampp_add_layer layer)
     PRIVATE ${PROJECT_SOURCE_DIR}/src ${AMPP_GLOO_INCLUDE_DIR})
   target_link_libraries(${target} PUBLIC torch ${ARG_DEPS})
   target_compile_options(${target} PRIVATE -Wall -Wextra)
+  # libstdc++ listed before LibTorch in every program that links ampp: the dynamic linker then binds
+  # std:: symbols to libstdc++ itself. Some torch wheels (2.11 seen) export their own, incompatible
+  # copies of std::filesystem (remove_all there jumped to address 0 when called from ampp).
+  target_link_options(${target} INTERFACE
+    "$<$<PLATFORM_ID:Linux>:SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state>")
   ampp_use_pch(${target})
   # Unity batches of 4 sources: one load of the 0.7 GB PCH (~5.5 s) and one compile of the inline LibTorch
   # code the sources share per batch instead of per source (the wheel's libraries, cold, with -g1 below:

@@ -2,6 +2,7 @@
 
 #include "oracle/oracle.h"
 
+#include <ampp/util/remove_tree.h>
 #include <c10/util/Exception.h>
 
 #include <sys/wait.h>
@@ -108,13 +109,13 @@ std::optional<json> run(const std::string& script, const json& input) {
   const std::string stderr_text = read_text(err);
   if (code == kTorchMissingExit) {
     skip_reason() = stderr_text;
-    fs::remove_all(dir);
+    ampp::remove_tree(dir.string());
     return std::nullopt;
   }
   TORCH_CHECK(code == 0, "ampp_oracle: `", command, "` failed (status ", status, ", exit code ", code,
               "); its stderr:\n", stderr_text, "\n(case file kept in ", dir.string(), ")");
   json result = json::parse(read_text(out));
-  fs::remove_all(dir);
+  ampp::remove_tree(dir.string());
   return result;
 }
 

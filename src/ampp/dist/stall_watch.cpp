@@ -1,5 +1,6 @@
 #include "stall_watch.h"
 
+#include <ampp/util/remove_tree.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -73,8 +74,7 @@ StallWatch::StallWatch(int workers, std::chrono::milliseconds timeout) : workers
 }
 
 StallWatch::~StallWatch() {
-  std::error_code ignored;
-  if (!dir_.empty()) fs::remove_all(dir_, ignored);
+  if (!dir_.empty()) remove_tree(dir_);
 }
 
 std::string StallWatch::file(int index) const {

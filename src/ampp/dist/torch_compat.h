@@ -45,7 +45,9 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
       store, rank, world, c10::make_intrusive<c10d::ProcessGroup::Options>("gloo", options->timeout));
 #endif
 #if AMPP_TORCH_AT_LEAST(2, 0)
+  // As torch.distributed's "gloo": CPU tensors, and CUDA tensors too (Gloo stages them through the host).
   pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
   pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   return pg;
 #else
