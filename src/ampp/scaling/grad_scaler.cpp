@@ -5,6 +5,8 @@
 
 #include <ampp/scaling/grad_scaler.h>
 
+#include <ampp/scaling/fused_optimizers.h>
+
 #include <ampp/numerics/unscale.h>
 #include <ampp/numerics/update_scale.h>
 
@@ -16,6 +18,7 @@
 #include <map>
 #include <utility>
 
+#include "device_grads.h"
 #include "torch_compat.h"
 
 namespace ampp {
@@ -74,10 +77,14 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   for (const auto& [opt, st] : other.per_optimizer_states_) {
     PerOptimizerState copy;
     copy.stage = st.stage;
+    copy.fused = st.fused;
     for (const auto& [dev, f] : st.found_inf_per_device) copy.found_inf_per_device.emplace(dev, f.clone());
     per_optimizer_states_.emplace(opt, std::move(copy));
   }
   found_inf_hook_ = other.found_inf_hook_;
+  const auto clone = [](const torch::Tensor& t) { return t.defined() ? t.clone() : torch::Tensor(); };
+  on_device_ = {clone(other.on_device_.last_found_inf), clone(other.on_device_.skipped_steps),
+                clone(other.on_device_.consecutive_overflows)};
   found_inf_last_step_ = other.found_inf_last_step_;
   skipped_steps_ = other.skipped_steps_;
   hysteresis_tracker_ = other.hysteresis_tracker_;
@@ -129,42 +136,6 @@ std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& o
   return out;
 }
 
-namespace {
-
-// An optimizer's gradients on one device, and the parameters they belong to.
-struct DeviceGrads {
-  std::vector<torch::Tensor> grads, params;
-};
-
-// Groups the grads by device (the CPU kernel takes mixed dtypes in one pass).
-std::map<std::string, DeviceGrads> grads_by_device(torch::optim::Optimizer& optimizer, bool allow_fp16_grads) {
-  std::map<std::string, DeviceGrads> per_device;
-  for (auto& group : optimizer.param_groups()) {
-    for (auto& param : group.params()) {
-      if (!param.grad().defined()) continue;
-      torch::Tensor grad = param.grad();
-      TORCH_CHECK(allow_fp16_grads || grad.scalar_type() != torch::kHalf,
-                  "Attempting to unscale FP16 gradients. Keep the parameters (master weights) in fp32 and let "
-                  "autocast run ops in fp16, or set GradScalerOptions().allow_fp16_grads(true) for pure-fp16 "
-                  "training.");
-      if (grad.is_sparse()) {
-        // Coalescing may sum scaled duplicates into an inf: coalesce first so that is what gets checked.
-        if (grad.scalar_type() == torch::kHalf) {
-          param.mutable_grad() = grad.coalesce();
-          grad = param.grad();
-        }
-        grad = grad._values();
-      }
-      auto& d = per_device[grad.device().str()];
-      d.grads.push_back(grad);
-      d.params.push_back(param);
-    }
-  }
-  return per_device;
-}
-
-}  // namespace
-
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!is_enabled()) return;
   check_scale_growth_tracker("unscale_");
@@ -186,7 +157,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // Every device gets its own found_inf, as PyTorch's _MultiDeviceReplicator does.
   st.found_inf_per_device.clear();
   std::vector<uint8_t> non_finite;
-  for (auto& [dev, d] : grads_by_device(optimizer, options_.allow_fp16_grads())) {
+  for (auto& [dev, d] : scaling::detail::grads_by_device(optimizer, options_.allow_fp16_grads())) {
     const torch::Device device(dev);
     torch::Tensor f = device == scale_.device() ? found_inf.clone() : found_inf.to(device, false, true);
     const torch::Tensor inv = device == scale_.device() ? inv_scale : inv_scale.to(device);
@@ -196,16 +167,19 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     st.found_inf_per_device.emplace(dev, f);
   }
 
-  if (found_inf_hook_) {
-    // One combined flag per optimizer, reduced across processes. Called even when this process has no
-    // grads for the optimizer, so that collective calls match on every rank.
-    torch::Tensor combined = torch::zeros({}, scale_.options());
-    for (auto& [dev, f] : st.found_inf_per_device) combined += f.to(scale_.device());
-    found_inf_hook_(combined);
-    st.found_inf_per_device.clear();
-    st.found_inf_per_device.emplace(scale_.device().str(), combined);
-  }
+  reduce_found_inf_with_hook(st);
   st.stage = OptState::kUnscaled;
+}
+
+void GradScaler::reduce_found_inf_with_hook(PerOptimizerState& st) {
+  if (!found_inf_hook_) return;
+  // One combined flag per optimizer, reduced across processes. Called even when this process has no
+  // grads for the optimizer, so that collective calls match on every rank.
+  torch::Tensor combined = torch::zeros({}, scale_.options());
+  for (auto& [dev, f] : st.found_inf_per_device) combined += f.to(scale_.device());
+  found_inf_hook_(combined);
+  st.found_inf_per_device.clear();
+  st.found_inf_per_device.emplace(scale_.device().str(), combined);
 }
 
 std::vector<std::string> overflowed_parameter_names(const GradScaler& scaler, const torch::nn::Module& module) {
@@ -235,6 +209,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimize
   TORCH_CHECK(state_of(optimizer).stage != OptState::kStepped,
               "step() has already been called since the last update(). "
               "Call update() once per iteration, after step() of every optimizer.");
+  if (auto* fused = dynamic_cast<GradScaleAwareOptimizer*>(&optimizer)) return step_fused(optimizer, *fused);
+  fold_on_device_counts();  // an earlier fused step's counts first: this step's come after them
   if (state_of(optimizer).stage == OptState::kReady) unscale_(optimizer);
 
   PerOptimizerState& st = state_of(optimizer);
@@ -270,8 +246,10 @@ void GradScaler::update() {
   check_scale_growth_tracker("update");
 
   std::vector<torch::Tensor> found_infs;
+  bool all_fused = true;
   for (auto& [opt, st] : per_optimizer_states_) {
     for (auto& [dev, f] : st.found_inf_per_device) found_infs.push_back(f.to(scale_.device()));
+    all_fused = all_fused && st.fused;
   }
   TORCH_CHECK(!found_infs.empty(),
               "No inf checks were recorded prior to update. Call step(optimizer) (or unscale_(optimizer)) "
@@ -282,6 +260,8 @@ void GradScaler::update() {
   torch::Tensor found_inf_combined = found_infs[0].clone();
   for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined += found_infs[i];
 
+  if (update_on_device(found_inf_combined, all_fused, plain_pytorch_rule(options_))) return;
+  fold_on_device_counts();
   // One host read of the flag (step() has already made one; free on CPU).
   const bool found = found_inf_combined.item<float>() != 0.0f;
   consecutive_overflows_ = found ? consecutive_overflows_ + 1 : 0;
@@ -369,7 +349,7 @@ GradScalerStateDict GradScaler::state_dict() const {
   sd["growth_interval"] = options_.growth_interval();
   sd["_growth_tracker"] = get_growth_tracker();
   sd["_ampp_hysteresis_tracker"] = hysteresis_tracker_;
-  sd["_ampp_skipped_steps"] = skipped_steps_;
+  sd["_ampp_skipped_steps"] = skipped_steps();
   sd["_ampp_min_scale_overflows"] = min_scale_overflows_;
   return sd;
 }
@@ -418,6 +398,7 @@ void GradScaler::load_state_dict(const GradScalerStateDict& state) {
   if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
   // ampp extras are optional, so a state dict written from PyTorch's keys alone loads too.
   hysteresis_tracker_ = count("_ampp_hysteresis_tracker", hysteresis_tracker_);
+  fold_on_device_counts();  // the loaded counts replace what the device held too
   skipped_steps_ = count("_ampp_skipped_steps", skipped_steps_);
   min_scale_overflows_ = count("_ampp_min_scale_overflows", min_scale_overflows_);
 }

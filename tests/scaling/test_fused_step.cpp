@@ -1,0 +1,171 @@
+// GradScaler's fused path (FusedSGD, FusedAdamW): an iteration reads no tensor value on the host, the
+// counters come out right when asked, the host rule still runs for ampp's policies, the floor holds
+// on the device, and FusedAdamW's device step counts travel in checkpoints. PyTorch as the oracle:
+// tests/oracle/fused_step_oracle_test.cpp.
+#include <ampp/scaling/fused_optimizers.h>
+#include <ampp/util/torch_version.h>
+
+#include <ATen/record_function.h>
+
+#include <sstream>
+#include <string_view>
+
+#include "scaler_test_util.h"
+
+namespace {
+
+using ampp_test::kInf;
+
+#define AMPP_REQUIRE_FUSED_KERNELS() \
+  if (!AMPP_TORCH_AT_LEAST(2, 4)) GTEST_SKIP() << "ATen's fused optimizer kernels need LibTorch 2.4 or newer"
+
+// Counts the reads of tensor values made on this thread by ampp or the test itself while alive: calls
+// of aten::item or aten::_local_scalar_dense outside any other ATen op. On a GPU each is a
+// synchronisation. ATen's CPU kernels read their own scalars inside their op (the CPU fused AdamW
+// reads each step count), which is no synchronisation: they run on the host. Those are not counted.
+class HostReadCounter {
+ public:
+  HostReadCounter() : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start, &on_end))) {
+    state() = {};
+  }
+  ~HostReadCounter() { at::removeCallback(handle_); }
+  int count() const { return state().reads; }
+
+ private:
+  struct State {
+    int reads = 0, depth = 0;
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    const std::string_view name = fn.name();
+    if (state().depth++ == 0 && (name == "aten::item" || name == "aten::_local_scalar_dense")) ++state().reads;
+    return nullptr;
+  }
+  static void on_end(const at::RecordFunction&, at::ObserverContext*) { --state().depth; }
+  at::CallbackHandle handle_;
+};
+
+struct Problem {
+  std::vector<torch::Tensor> params{torch::linspace(-1, 1, 8).requires_grad_(),
+                                    torch::linspace(0.5, 2, 16).reshape({4, 4}).requires_grad_()};
+
+  // scale(loss).backward(), a non-finite gradient entry when `overflow`, step, update.
+  void iterate(ampp::GradScaler& scaler, torch::optim::Optimizer& opt, bool overflow) {
+    opt.zero_grad();
+    auto loss = (params[0] * params[0]).sum() + params[1].sum() * 0.25;
+    scaler.scale(loss).backward();
+    if (overflow) params[1].mutable_grad()[1][2].fill_(kInf);
+    scaler.step(opt);
+    scaler.update();
+  }
+};
+
+bool overflows_at(int step) { return step == 2 || step == 5 || step == 6; }
+
+}  // namespace
+
+TEST(FusedStep, AnIterationReadsNothingOnTheHostAndTheCountersComeOutOnRequest) {
+  AMPP_REQUIRE_FUSED_KERNELS();
+  for (const bool adamw : {false, true}) {
+    SCOPED_TRACE(adamw ? "FusedAdamW" : "FusedSGD");
+    Problem problem;
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (adamw)
+      opt = std::make_unique<ampp::FusedAdamW>(problem.params, torch::optim::AdamWOptions(1e-2));
+    else
+      opt = std::make_unique<ampp::FusedSGD>(problem.params, torch::optim::SGDOptions(1e-2).momentum(0.9));
+    ampp::GradScaler scaler(ampp::GradScalerOptions().growth_interval(2));
+    int reads = 0;
+    {
+      HostReadCounter counter;
+      for (int s = 0; s < 10; ++s) problem.iterate(scaler, *opt, overflows_at(s));
+      reads = counter.count();
+    }
+    EXPECT_EQ(reads, 0) << "host reads in 10 iterations";
+    EXPECT_EQ(scaler.skipped_steps(), 3);
+    EXPECT_FALSE(scaler.found_inf_last_step());
+    EXPECT_EQ(scaler.consecutive_overflows(), 0);
+    for (const auto& p : problem.params) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+  }
+}
+
+TEST(FusedStep, ThePlainOptimizerPathReadsTheFlagEveryStep) {
+  Problem problem;
+  torch::optim::SGD opt(problem.params, torch::optim::SGDOptions(1e-2).momentum(0.9));
+  ampp::GradScaler scaler;
+  HostReadCounter counter;
+  for (int s = 0; s < 5; ++s) problem.iterate(scaler, opt, overflows_at(s));
+  EXPECT_GE(counter.count(), 5) << "the counter sees the reads that the fused path avoids";
+}
+
+// hysteresis and max_scale need the host rule: the fused step stays, update() reads the flag, and the
+// scale follows the same trajectory as with the plain optimizer.
+TEST(FusedStep, PoliciesBeyondPyTorchFallBackToTheHostRuleWithTheSameTrajectory) {
+  AMPP_REQUIRE_FUSED_KERNELS();
+  const auto options = ampp::GradScalerOptions().growth_interval(1).hysteresis(2).max_scale(1 << 18);
+  Problem fused_problem, plain_problem;
+  ampp::FusedSGD fused(fused_problem.params, torch::optim::SGDOptions(1e-2));
+  torch::optim::SGD plain(plain_problem.params, torch::optim::SGDOptions(1e-2));
+  ampp::GradScaler fused_scaler(options), plain_scaler(options);
+  for (int s = 0; s < 12; ++s) {
+    fused_problem.iterate(fused_scaler, fused, overflows_at(s));
+    plain_problem.iterate(plain_scaler, plain, overflows_at(s));
+    ASSERT_EQ(fused_scaler.get_scale(), plain_scaler.get_scale()) << "step " << s;
+    ASSERT_EQ(fused_scaler.hysteresis_tracker(), plain_scaler.hysteresis_tracker()) << "step " << s;
+  }
+  EXPECT_EQ(fused_scaler.skipped_steps(), plain_scaler.skipped_steps());
+}
+
+// Every step overflows from a scale near the floor: the device-side update stops at kMinLossScale, as
+// the host rule does, and no weight moves.
+TEST(FusedStep, TheScaleStopsAtTheFloorOnTheDevice) {
+  AMPP_REQUIRE_FUSED_KERNELS();
+  Problem problem;
+  const auto before = problem.params[0].detach().clone();
+  ampp::FusedSGD opt(problem.params, torch::optim::SGDOptions(1e-2).momentum(0.9));
+  ampp::GradScaler scaler(ampp::GradScalerOptions().init_scale(0x1p-123));
+  for (int s = 0; s < 8; ++s) problem.iterate(scaler, opt, /*overflow=*/true);
+  EXPECT_EQ(scaler.get_scale(), ampp::kMinLossScale);
+  EXPECT_EQ(scaler.consecutive_overflows(), 8);
+  EXPECT_EQ(scaler.skipped_steps(), 8);
+  EXPECT_TRUE(torch::equal(problem.params[0].detach(), before));
+}
+
+// FusedAdamW keeps its step counts on the device; a checkpoint carries them as AdamW's, so it loads
+// into torch::optim::AdamW, and a FusedAdamW that loads it continues exactly where the first was.
+TEST(FusedAdamW, ACheckpointCarriesTheDeviceStepCounts) {
+  AMPP_REQUIRE_FUSED_KERNELS();
+  Problem a;
+  ampp::FusedAdamW opt(a.params, torch::optim::AdamWOptions(1e-2));
+  ampp::GradScaler scaler;
+  for (int s = 0; s < 8; ++s) a.iterate(scaler, opt, overflows_at(s));
+  std::ostringstream saved;
+  {
+    torch::serialize::OutputArchive archive;
+    opt.save(archive);
+    archive.save_to(saved);
+  }
+  const auto load_into = [&saved](torch::optim::Optimizer& target) {
+    std::istringstream in(saved.str());
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    target.load(archive);
+  };
+  Problem b;
+  torch::optim::AdamW plain(b.params, torch::optim::AdamWOptions(1e-2));
+  load_into(plain);
+  for (const auto& p : b.params)
+    EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*plain.state().at(ampp::optimizer_state_key(p))).step(), 5);
+
+  Problem c;
+  for (size_t i = 0; i < c.params.size(); ++i) c.params[i].detach().copy_(a.params[i].detach());
+  ampp::FusedAdamW resumed(c.params, torch::optim::AdamWOptions(1e-2));
+  load_into(resumed);
+  ampp::GradScaler scaler_a = scaler, scaler_c = scaler;
+  a.iterate(scaler_a, opt, false);
+  c.iterate(scaler_c, resumed, false);
+  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(torch::equal(a.params[i], c.params[i])) << "parameter " << i;
+}
