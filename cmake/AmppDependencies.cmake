@@ -5,11 +5,15 @@ find_package(fmt REQUIRED)
 # ampp then uses fmt header-only: compiling against one fmt and linking Debian's libfmt (9.x)
 # would mix two versions. (With Debian's LibTorch, TORCH_INSTALL_PREFIX is /usr and the test also
 # holds: header-only Debian fmt, the same version either way.)
+# No public header includes fmt (nor nlohmann-json): header-only, they stay inside ampp's build
+# (BUILD_INTERFACE) and an installed ampp does not ask for them. A linked libfmt has to be exported.
 if(EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h")
-  set(AMPP_FMT fmt::fmt-header-only)
+  set(AMPP_FMT $<BUILD_INTERFACE:fmt::fmt-header-only>)
+  set(AMPP_EXPORTS_FMT OFF)
   add_compile_definitions(FMT_HEADER_ONLY)  # every target alike, so the shared PCH stays valid
 else()
   set(AMPP_FMT fmt::fmt)
+  set(AMPP_EXPORTS_FMT ON)
 endif()
 find_package(nlohmann_json REQUIRED)
 # c10d's Gloo headers come from libgloo-dev.

@@ -9,6 +9,8 @@ The layer order is the `foreach(layer ...)` list in the top CMakeLists.txt. For 
     examples and cross-layer suites include public headers only;
   - quoted includes ("x.h") are for private headers; public ones are written <ampp/...>.
 For every layer, the ampp layers its CMakeLists.txt links are exactly the layers its files include.
+The public API is what include/ampp/ampp.h reaches: those headers include no fmt, nlohmann-json or
+protobuf header, and every other header under include/ampp carries INTERNAL_MARKER.
 docs/architecture.md carries the generated layer graph between the layer-graph markers.
 
 Usage: check_layers.py            check (exit 1 with one line per problem)
@@ -23,6 +25,27 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 BEGIN, END = "<!-- layer-graph:begin -->", "<!-- layer-graph:end -->"
 # Folders outside src/ and include/ that belong to a layer (their private headers are allowed).
 SUITE_LAYER = {"launcher": "dist", "oracle": None, "examples": None, "tools": None, "fuzz": None}
+INTERNAL_MARKER = "// Internal to ampp"
+THIRD_PARTY_IN_API = re.compile(r"^(fmt|nlohmann|google/protobuf)/")
+
+
+def check_public_api(problems):
+    """ampp.h's reach: no third-party headers but LibTorch's; the headers outside it say they are internal."""
+    reached, todo = set(), ["ampp/ampp.h"]
+    while todo:
+        header = todo.pop()
+        if header in reached:
+            continue
+        reached.add(header)
+        for kind, name in INCLUDE.findall((ROOT / "include" / header).read_text()):
+            if THIRD_PARTY_IN_API.match(name):
+                problems.append(f"include/{header}: <{name}> in the public API (move it to a .cpp or src/)")
+            elif name.startswith("ampp/") and (ROOT / "include" / name).exists():
+                todo.append(name)
+    for file in sorted((ROOT / "include" / "ampp").rglob("*.h")):
+        header = str(file.relative_to(ROOT / "include"))
+        if header not in reached and INTERNAL_MARKER not in file.read_text():
+            problems.append(f"include/{header}: not reached from ampp.h and not marked \"{INTERNAL_MARKER}\"")
 
 
 def layer_order():
@@ -128,6 +151,7 @@ def main():
             if file.suffix in (".h", ".hpp", ".cpp", ".cc"):
                 check_file(file, order, problems, uses)
     check_links(order, uses, problems)
+    check_public_api(problems)
     doc = ROOT / "docs" / "architecture.md"
     text = doc.read_text()
     block = re.search(re.escape(BEGIN) + ".*?" + re.escape(END), text, re.S)

@@ -2,6 +2,12 @@
 #include <ampp/ampp.h>
 #include <torch/torch.h>
 
+// ampp's public API needs LibTorch and nothing else in a program's code (its libraries link zlib and
+// protobuf themselves): no fmt or nlohmann-json types in its headers.
+#if defined(FMT_VERSION) || defined(NLOHMANN_JSON_VERSION_MAJOR)
+#error "ampp's public headers include fmt or nlohmann-json"
+#endif
+
 #include <iostream>
 
 int main() {

@@ -1,7 +1,8 @@
 #pragma once
 // ampp: automatic mixed precision and data-parallel training for LibTorch.
 // One include for the whole public API, layer by layer (docs/architecture.md); each header also
-// stands alone.
+// stands alone. The headers under include/ampp that this one does not reach are internal, and say so.
+// The API is LibTorch's types and ampp's own: no fmt, nlohmann-json or protobuf type appears in it.
 
 // util: number parsing, core and thread counts, the LibTorch version macro
 #include <ampp/util/batch_norm_like.h>
@@ -44,7 +45,6 @@
 #include <ampp/train/batches.h>
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
-#include <ampp/train/doctor.h>
 #include <ampp/train/gpt.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>

@@ -107,8 +107,8 @@ void compare_case(const std::string& kind, const std::vector<torch::Tensor>& ini
   if (auto* adamw = dynamic_cast<ampp::FusedAdamW*>(opt.get())) {
     adamw->sync_step_counts();
     for (size_t i = 0; i < params.size(); ++i) {
-      const auto& state = static_cast<const torch::optim::AdamWParamState&>(
-          *adamw->state().at(ampp::optimizer_state_key(params[i])));
+      const auto& state =
+          static_cast<const torch::optim::AdamWParamState&>(*adamw->state().at(ampp::optimizer_state_key(params[i])));
       EXPECT_EQ(state.step(), oracle.at("adam_steps").at(i).get<int64_t>()) << "AdamW step count of parameter " << i;
     }
   }

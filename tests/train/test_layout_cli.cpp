@@ -9,6 +9,7 @@
 #include <ampp/train/metrics.h>
 #include <ampp/util/threads.h>
 #include <nlohmann/json.hpp>
+#include "ampp/train/report_json.h"
 
 #include <fstream>
 #include <string>

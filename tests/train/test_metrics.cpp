@@ -1,6 +1,7 @@
 // metrics.jsonl records, the progress bar's plain-line mode, the summary table and the plots.
 #include <ampp/train/metrics.h>
 #include <ampp/util/threads.h>
+#include "ampp/train/report_json.h"
 
 #include <ATen/Context.h>
 #include <gtest/gtest.h>

@@ -5,6 +5,7 @@
 #include <ampp/train/metrics.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include "ampp/train/report_json.h"
 
 #include <filesystem>
 #include <fstream>

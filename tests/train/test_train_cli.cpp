@@ -4,6 +4,7 @@
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
 #include <gtest/gtest.h>
+#include "ampp/train/report_json.h"
 
 #include <filesystem>
 #include <fstream>

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include "ampp/train/report_json.h"
 
 #include <filesystem>
 #include <fstream>

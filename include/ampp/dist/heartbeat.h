@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Progress heartbeats from a worker to its launcher (`ampp run`, `ampp train --nproc N`,
 // ampp::dist::launch), so that a stalled worker is named within LaunchOptions::stall_timeout
 // instead of the whole job waiting for a 30-minute collective timeout.

@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // DDP's reductions for ranks spread over several machines, each running several: the ranks of a machine sum
 // through shared memory (SharedMemoryAllreduce), one leader per machine allreduces the machines' sums with
 // Gloo, and each leader hands the total back to its machine through shared memory. Only the leaders touch

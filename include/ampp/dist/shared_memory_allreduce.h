@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // An allreduce among the ranks of one machine through a shared-memory segment, instead of Gloo's
 // loopback TCP: each rank copies its tensor into its slot, waits for the others (a futex barrier in the
 // segment: no spinning thread steals another worker's core), then sums the slots in rank order. For the

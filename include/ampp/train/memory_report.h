@@ -7,7 +7,6 @@
 #include <ampp/util/tensor_memory.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -49,9 +48,6 @@ struct MemoryReport {
 MemoryReport measure_memory(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                             torch::optim::Optimizer& state_owner, const std::vector<torch::Tensor>& gradient_buffers,
                             const DatasetPair& data, const TensorMemoryTracker& tracker);
-
-nlohmann::json to_json(const MemoryReport& report);
-MemoryReport memory_report_from_json(const nlohmann::json& j);
 
 // One row per kind, MiB and share of the process peak.
 std::string memory_table(const MemoryReport& report);

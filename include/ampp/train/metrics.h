@@ -1,10 +1,10 @@
 #pragma once
-// What `ampp train` reports: metrics.jsonl (one JSON object per logged step and per epoch),
-// a per-epoch progress bar on rank 0, the final summary table and gnuplot PNGs.
+// What `ampp train` reports: its records (one per logged step and per epoch, in metrics.jsonl), a
+// per-epoch progress bar on rank 0, the final summary table and gnuplot PNGs. Their JSON form is
+// internal (src/ampp/train/report_json.h): a program reads the files.
 #include <ampp/train/memory_report.h>
 #include <ampp/train/op_profile.h>
 #include <ampp/train/step_phases.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -42,27 +42,6 @@ struct EpochRecord {
   double loss_scale = 1;
   double lr = 0;
 };
-
-nlohmann::json to_json(const StepRecord& r);
-nlohmann::json to_json(const EpochRecord& r);
-
-// Appends one line per record to `path` (flushed per line, so a killed run keeps its log).
-class MetricsWriter {
- public:
-  // append=false truncates (a fresh run); true continues (a resumed run).
-  MetricsWriter(const std::string& path, bool append);
-  void write(const StepRecord& r) { write_line(to_json(r)); }
-  void write(const EpochRecord& r) { write_line(to_json(r)); }
-  void write_line(const nlohmann::json& j);
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  std::ofstream out_;
-};
-
-// Parses a metrics.jsonl file (throws naming the line on malformed JSON).
-std::vector<nlohmann::json> read_jsonl(const std::string& path);
 
 // One epoch's progress on one line: a redrawn bar on a terminal, plain lines otherwise
 // (every ~10% of the epoch, so logs stay short).
@@ -104,9 +83,6 @@ struct Summary {
 
 // The summary as an aligned text table.
 std::string summary_table(const Summary& s);
-nlohmann::json to_json(const Summary& s);
-// The inverse of to_json (throws naming the record when a key is missing).
-Summary summary_from_json(const nlohmann::json& j);
 
 // Peak resident set size of this process in MiB (getrusage).
 double peak_rss_mb();

@@ -2,7 +2,6 @@
 // Which operators a window of training steps spent its time in, from LibTorch's own profiler (the one
 // behind Python's torch.profiler): `ampp train --profile` records steps on rank 0 and prints the top
 // operators by self time beside the step phases, so that a phase's milliseconds explain themselves.
-#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -42,9 +41,6 @@ class OpRecorder {
   bool recording_ = false;
   int64_t started_ns_ = 0;
 };
-
-nlohmann::json to_json(const OpProfile& profile);
-OpProfile op_profile_from_json(const nlohmann::json& j);
 
 // The `top` operators by self time: calls and ms per step, share of the recorded time.
 std::string op_table(const OpProfile& profile, size_t top = 15);

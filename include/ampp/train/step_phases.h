@@ -2,7 +2,6 @@
 // Where a training step's wall time goes, per rank: `ampp train` always measures it (a few clock
 // reads per step), writes it to summary.json and prints it under --profile, so that every speed
 // claim about a configuration can be explained phase by phase.
-#include <nlohmann/json.hpp>
 
 #include <array>
 #include <chrono>
@@ -47,10 +46,6 @@ class PhaseClock {
   StepPhases& into_;
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
-
-// {"data": ms per step, ..., "step": ms per step, "steps": n}.
-nlohmann::json to_json(const StepPhases& phases);
-StepPhases step_phases_from_json(const nlohmann::json& j);
 
 // The ranks side by side: ms per step and share of the step, one row per phase.
 std::string step_phases_table(const std::vector<StepPhases>& per_rank);

@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Files that are either the old version or the new one, never half of either: every output ampp
 // writes (checkpoints, model.pt, summary.json, plots) goes through here.
 #include <string>

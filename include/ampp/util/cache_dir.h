@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Where ampp keeps what it can rebuild (layout measurements, decompressed datasets): the user's cache
 // folder, as the XDG base directory specification defines it.
 #include <string>

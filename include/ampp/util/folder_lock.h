@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // One writer per output folder: two runs writing into the same folder would silently interleave
 // or overwrite each other's files.
 #include <string>

@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Every tensor inside an IValue (tuples, lists, dict keys and values), visited with an explicit stack:
 // no recursion on the value's depth, which may come from an untrusted file.
 #include <ATen/core/ivalue.h>

@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Removing a folder and everything in it, without std::filesystem::remove_all.
 //
 // Some LibTorch wheels (torch 2.11.0+cu130 seen, on a GPU machine whose g++ links libstdc++

@@ -1,10 +1,10 @@
 #include <ampp/dist/join.h>
 
-#include <ampp/dist/log.h>
-
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+
+#include "log_format.h"
 
 namespace ampp::dist {
 namespace {

@@ -45,6 +45,7 @@ bool log_enabled(LogLevel level) {
 }
 
 void log_line(LogLevel level, std::string_view message) {
+  if (!log_enabled(level)) return;
   static std::mutex mu;
   static const char* names[] = {"debug", "info", "warning", "error"};
   std::lock_guard<std::mutex> lock(mu);

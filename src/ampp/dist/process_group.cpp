@@ -5,8 +5,7 @@
 #include <ampp/util/launch_environment.h>
 #include <ampp/util/parse_number.h>
 
-#include <ampp/dist/log.h>
-
+#include "log_format.h"
 #include "torch_compat.h"
 
 #include <arpa/inet.h>

@@ -11,9 +11,9 @@
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/reducer.h>
 
-#include <ampp/dist/log.h>
 #include <ampp/dist/sync_batch_norm.h>
 
+#include "log_format.h"
 #include "torch_compat.h"
 
 #include <mutex>

@@ -1,5 +1,4 @@
 // doctor.json and doctor_gradients.png from the numerics doctor's range report.
-#include <ampp/train/doctor.h>
 #include <ampp/train/metrics.h>
 #include <ampp/util/atomic_file.h>
 #include <fmt/format.h>
@@ -9,6 +8,9 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
+
+#include "doctor.h"
+#include "report_json.h"
 
 namespace fs = std::filesystem;
 

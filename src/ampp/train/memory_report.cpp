@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "report_json.h"
+
 namespace ampp::train {
 namespace {
 

@@ -14,6 +14,8 @@
 #include <map>
 #include <sstream>
 
+#include "report_json.h"
+
 namespace fs = std::filesystem;
 
 namespace ampp::train {

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "report_json.h"
+
 namespace ampp::train {
 namespace {
 

@@ -4,6 +4,8 @@
 
 #include <numeric>
 
+#include "report_json.h"
+
 namespace ampp::train {
 
 namespace {

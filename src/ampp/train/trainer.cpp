@@ -15,7 +15,6 @@
 #include <ampp/train/batches.h>
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
-#include <ampp/train/doctor.h>
 #include <ampp/train/gpt.h>
 #include <ampp/train/memory_report.h>
 #include <ampp/train/models.h>
@@ -34,7 +33,9 @@
 #include <unistd.h>
 
 #include "buffer_guard.h"
+#include "doctor.h"
 #include "fault_injection.h"
+#include "report_json.h"
 
 #include <chrono>
 #include <cmath>

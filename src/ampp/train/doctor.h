@@ -1,6 +1,7 @@
 #pragma once
 // The numerics doctor's outputs (`ampp doctor`, `ampp train --doctor`): doctor.json and
-// doctor_gradients.png from an ampp::GradientRanges report. Layout: docs/numerics.md.
+// doctor_gradients.png from an ampp::GradientRanges report. Layout: docs/numerics.md. Internal (the
+// trainer and the CLI); a program reads the same report from doctor.json.
 #include <ampp/scaling/gradient_ranges.h>
 #include <nlohmann/json.hpp>
 
