@@ -3,12 +3,14 @@
 "autocast": the output dtype of each op under torch.autocast("cuda", dtype), with the inputs the
 C++ side uses (decoded from the case), and the op's values for the CPU-emulation comparison.
 "grad_scaler": torch.amp.GradScaler("cuda") over the case's gradient steps with plain SGD.
+"fused_step": torch.optim.SGD/AdamW(fused=True) under that GradScaler (tests/oracle/fused_step_oracle.py).
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 from oracle_common import bits_double, decode, dtype_name, encode, main, torch, unsupported  # noqa: E402
+from fused_step_oracle import run_case as fused_step_case  # noqa: E402
 
 if not torch.cuda.is_available():
     unsupported("no CUDA device visible to Python")
@@ -63,4 +65,6 @@ def grad_scaler(case):
 
 
 if __name__ == "__main__":
-    main(lambda case: autocast(case) if case["kind"] == "autocast" else grad_scaler(case))
+    handlers = {"autocast": autocast, "grad_scaler": grad_scaler,
+                "fused_step": lambda case: {"cases": [fused_step_case(c, "cuda") for c in case["cases"]]}}
+    main(lambda case: handlers[case["kind"]](case))

@@ -4,11 +4,15 @@
 #include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/dist/process_group.h>
 #include <ampp/precision/autocast.h>
+#include <ampp/scaling/fused_optimizers.h>
 #include <ampp/scaling/grad_scaler.h>
 #include <ampp/util/torch_version.h>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#if AMPP_TEST_TORCH_HAS_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -281,5 +285,97 @@ TEST(GpuDist, NcclAndGlooReduceCudaTensorsAtWorldSizeOne) {
     // The default group is process-wide: end it before the next backend, and before exit (an NCCL group
     // destroyed after CUDA has unloaded aborts the process).
     ampp::dist::destroy_process_group();
+  }
+}
+
+namespace {
+
+// Raises a c10::Error at any synchronising CUDA call (c10's sync debug mode) while alive.
+class ErrorOnCudaSync {
+ public:
+#if AMPP_TEST_TORCH_HAS_CUDA
+  ErrorOnCudaSync() : before_(c10::cuda::warning_state().get_sync_debug_mode()) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~ErrorOnCudaSync() { c10::cuda::warning_state().set_sync_debug_mode(before_); }
+
+ private:
+  c10::cuda::SyncDebugMode before_;
+#endif
+};
+
+// The fused path's case for the oracle: 12 steps of two parameters, inf at step 3 and NaN at step 7.
+json fused_case(const std::string& kind, const std::vector<torch::Tensor>& params,
+                const std::vector<std::vector<torch::Tensor>>& steps) {
+  json c = {{"optimizer", kind},
+            {"lr", ampp_oracle::double_bits(0.01)},
+            {"init_scale", ampp_oracle::double_bits(65536.0)},
+            {"growth_interval", 3},
+            {"params", json::array()},
+            {"steps", json::array()}};
+  for (const auto& p : params) c["params"].push_back(ampp_oracle::encode(p));
+  for (const auto& grads : steps) {
+    json g = {{"unscale", false}, {"grads", json::array()}};
+    for (const auto& t : grads) g["grads"].push_back(ampp_oracle::encode(t));
+    c["steps"].push_back(g);
+  }
+  return c;
+}
+
+}  // namespace
+
+// FusedSGD and FusedAdamW under GradScaler on the GPU: no synchronising CUDA call in any iteration
+// (c10's sync debug mode set to error), and parameters, scale and AdamW's step counts equal to
+// torch.optim.SGD/AdamW(fused=True) under torch.amp.GradScaler("cuda") on the same GPU, bit for bit.
+TEST(GpuFusedStep, NoSynchronisationAndTheSameBitsAsPythonsFusedOptimizers) {
+  AMPP_REQUIRE_GPU();
+  torch::manual_seed(3);
+  const std::vector<torch::Tensor> start = {torch::randn({6, 5}), torch::randn({9})};
+  std::vector<std::vector<torch::Tensor>> steps;
+  for (int s = 0; s < 12; ++s) {
+    steps.push_back({torch::randn({6, 5}), torch::randn({9})});
+    if (s == 3) steps.back()[0][2][1] = std::numeric_limits<float>::infinity();
+    if (s == 7) steps.back()[1][4] = std::numeric_limits<float>::quiet_NaN();
+  }
+#if AMPP_TEST_TORCH_HAS_CUDA
+  {
+    ErrorOnCudaSync guard;  // the check below means something: a read of a GPU value is an error here
+    const auto probe = torch::ones({}, torch::kCUDA);
+    EXPECT_THROW(probe.item<float>(), c10::Error);
+  }
+#endif
+  const std::vector<std::string> kinds = {"sgd", "adamw"};
+  json in = {{"kind", "fused_step"}, {"cases", json::array()}};
+  for (const auto& kind : kinds) in["cases"].push_back(fused_case(kind, start, steps));
+  const auto oracle = ampp_oracle::run("gpu_oracle.py", in);
+  if (!oracle) GTEST_SKIP() << ampp_oracle::skip_message();
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    SCOPED_TRACE(kinds[k]);
+    std::vector<torch::Tensor> params;
+    for (const auto& p : start) params.push_back(p.to(torch::kCUDA).requires_grad_());
+    std::vector<std::vector<torch::Tensor>> grads;  // on the GPU before the checked region
+    for (const auto& g : steps) grads.push_back({g[0].to(torch::kCUDA), g[1].to(torch::kCUDA)});
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (kinds[k] == "sgd")
+      opt = std::make_unique<ampp::FusedSGD>(params, torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(1e-4));
+    else
+      opt = std::make_unique<ampp::FusedAdamW>(params, torch::optim::AdamWOptions(0.01));
+    ampp::GradScaler scaler(ampp::GradScalerOptions().growth_interval(3));
+    for (size_t s = 0; s < steps.size(); ++s) {
+      {
+        ErrorOnCudaSync no_sync;
+        opt->zero_grad();
+        auto loss = (params[0] * grads[s][0]).sum() + (params[1] * grads[s][1]).sum();
+        scaler.scale(loss).backward();
+        scaler.step(*opt);
+        scaler.update();
+      }
+      const json& want = oracle->at("cases").at(k).at("steps").at(s);
+      for (size_t i = 0; i < params.size(); ++i)
+        EXPECT_TRUE(ampp_oracle::same_bits(params[i].detach().cpu(), ampp_oracle::decode(want.at("params").at(i))))
+            << "step " << s << " parameter " << i;
+      EXPECT_EQ(ampp_oracle::double_bits(scaler.get_scale()), want.at("scale").get<uint64_t>()) << "step " << s;
+    }
+    EXPECT_EQ(scaler.skipped_steps(), 2);
   }
 }

@@ -6,7 +6,7 @@ number of skipped steps (optimizer state "step" for AdamW).
 """
 from oracle_common import bits_double, decode, double_bits, encode, main, torch, unsupported
 
-if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 4):
+if __name__ == "__main__" and tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 4):
     unsupported("no fused SGD/AdamW on the CPU (added in 2.4)")
 
 
@@ -22,21 +22,22 @@ def make_optimizer(kind, params, lr):
     raise ValueError(kind)
 
 
-def run_case(c):
-    params = [decode(p).requires_grad_() for p in c["params"]]
+def run_case(c, device="cpu"):
+    """One case on `device` (gpu_oracle.py runs it on "cuda")."""
+    params = [decode(p).to(device).requires_grad_() for p in c["params"]]
     opt = make_optimizer(c["optimizer"], params, bits_double(c["lr"]))
-    scaler = torch.amp.GradScaler("cpu", init_scale=bits_double(c["init_scale"]),
+    scaler = torch.amp.GradScaler(device, init_scale=bits_double(c["init_scale"]),
                                   growth_interval=c["growth_interval"])
     steps = []
     for step in c["steps"]:
         opt.zero_grad()
-        loss = sum((p * decode(g)).sum() for p, g in zip(params, step["grads"]))
+        loss = sum((p * decode(g).to(device)).sum() for p, g in zip(params, step["grads"]))
         scaler.scale(loss).backward()
         if step["unscale"]:
             scaler.unscale_(opt)
         scaler.step(opt)
         scaler.update()
-        steps.append({"params": [encode(p.detach()) for p in params],
+        steps.append({"params": [encode(p.detach().cpu()) for p in params],
                       "scale": double_bits(scaler.get_scale()),
                       "growth_tracker": scaler._get_growth_tracker()})
     out = {"steps": steps}

@@ -1,6 +1,6 @@
 """Reads a TensorBoard log folder with TensorBoard's own reader (EventAccumulator) and writes what it
 found as JSON: {"scalars": {tag: [[step, value], ...]}, "histograms": {tag: [[step, num, min, max,
-bucket_count], ...]}, "files": N}. Used by tests/train/test_tensorboard_cli.cpp to compare an
+bucket_count], ...]}, "files": N}. Used by tests/train/tensorboard_cli_test.cpp to compare an
 `ampp train --tensorboard` run with its metrics.jsonl.
 
     python tensorboard_read.py LOG_DIR OUT_JSON     (exit 3: the tensorboard package is not installed)

@@ -155,7 +155,7 @@ void unscale_and_find_non_finite_(at::TensorList scaled_grads, at::Tensor& found
 
   if (device.is_cpu()) {
     // Read from memory, not with item(): the CPU kernel reads its own argument, and callers count item()
-    // calls as the host reads that would synchronise a GPU (tests/scaling/test_fused_step.cpp).
+    // calls as the host reads that would synchronise a GPU (tests/scaling/fused_step_test.cpp).
     cpu_unscale(scaled_grads, found_inf, *inv_scale.data_ptr<float>(), per_tensor);
     return;
   }

@@ -27,6 +27,13 @@ const torch::Tensor& dense_grad_of(const torch::Tensor& param, const char* optim
   return param.grad();
 }
 
+// The closure's loss, computed with autograd on, as torch::optim's steps do (undefined without one).
+torch::Tensor loss_of(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  torch::AutoGradMode enable_grad(true);
+  return closure();
+}
+
 struct SgdGroup {
   std::vector<torch::Tensor> params, grads, buffers;
 };
@@ -49,12 +56,8 @@ std::optional<torch::Tensor> GradScaleAwareOptimizer::found_inf_on(const torch::
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
   scaling::compat::check_fused_optimizers("FusedSGD", "SGD");
+  const torch::Tensor loss = loss_of(closure);
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    torch::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
     const bool with_momentum = o.momentum() != 0;
@@ -98,12 +101,8 @@ torch::Tensor& FusedAdamW::step_count(const torch::Tensor& param, const torch::o
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   scaling::compat::check_fused_optimizers("FusedAdamW", "AdamW");
+  const torch::Tensor loss = loss_of(closure);
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    torch::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     std::map<GroupKey, AdamWGroup> groups;

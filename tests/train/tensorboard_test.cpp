@@ -1,6 +1,6 @@
 // TensorBoardWriter: the record framing TensorBoard's reader checks (length, masked CRC-32C of the
 // length and of the data) and clear errors. That TensorBoard reads the values back is checked with
-// TensorBoard's own reader in test_tensorboard_cli.cpp.
+// TensorBoard's own reader in tensorboard_cli_test.cpp.
 #include <ampp/train/tensorboard.h>
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@ A function is a brace block whose opening line ends in `) {` (after optional con
 override, mutable or a trailing return type) and is not an if/for/while/switch/catch. Braces in
 strings, characters and comments are ignored. Data tables are not functions, so they never count.
 
-Usage: check_function_length.py [--limit N] [paths...]   (default: 80 lines, src/ and tools/)
+Usage: check-function-length.py [--limit N] [paths...]   (default: 80 lines, src/ and tools/)
 """
 import argparse
 import pathlib
@@ -55,7 +55,7 @@ def main():
                 found += long_functions(file, args.limit)
     for _, text in sorted(found, reverse=True):
         print(text)
-    print(f"check_function_length: {len(found)} function(s) over {args.limit} lines", file=sys.stderr)
+    print(f"check-function-length: {len(found)} function(s) over {args.limit} lines", file=sys.stderr)
     return 1 if found else 0
 
 

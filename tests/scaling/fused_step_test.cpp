@@ -169,3 +169,29 @@ TEST(FusedAdamW, ACheckpointCarriesTheDeviceStepCounts) {
   c.iterate(scaler_c, resumed, false);
   for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(torch::equal(a.params[i], c.params[i])) << "parameter " << i;
 }
+
+// Without a GradScaler: a closure runs with autograd on and its loss is returned, and the step is
+// torch::optim::SGD's (the same update rule; ATen's fused kernel may round differently).
+TEST(FusedSGD, AClosureRunsWithAutogradAndTheStepIsSgds) {
+  AMPP_REQUIRE_FUSED_KERNELS();
+  Problem fused_problem, plain_problem;
+  ampp::FusedSGD fused(fused_problem.params, torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
+  torch::optim::SGD plain(plain_problem.params, torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
+  const auto closure_of = [](Problem& p, torch::optim::Optimizer& opt) {
+    return [&p, &opt] {
+      opt.zero_grad();
+      auto loss = (p.params[0] * p.params[0]).sum() + p.params[1].pow(3).sum();
+      loss.backward();
+      return loss;
+    };
+  };
+  torch::NoGradGuard outside;  // the optimizer must turn autograd on for the closure itself
+  for (int s = 0; s < 3; ++s) {
+    const auto fused_loss = fused.step(closure_of(fused_problem, fused));
+    const auto plain_loss = plain.step(closure_of(plain_problem, plain));
+    ASSERT_TRUE(fused_loss.defined());
+    EXPECT_NEAR(fused_loss.item<double>(), plain_loss.item<double>(), 1e-5) << "step " << s;
+  }
+  for (size_t i = 0; i < fused_problem.params.size(); ++i)
+    EXPECT_TRUE(torch::allclose(fused_problem.params[i], plain_problem.params[i], 1e-6, 1e-6)) << "parameter " << i;
+}

@@ -10,7 +10,7 @@ using namespace ampp::train;
 TEST(Models, EachNameBuildsAModelWithTheRightOutputShape) {
   torch::manual_seed(0);
   for (const auto& name : model_names()) {
-    if (is_gpt(name)) continue;  // text: test_gpt.cpp
+    if (is_gpt(name)) continue;  // text: gpt_test.cpp
     auto model = make_model(name, ModelOptions().num_classes(7));
     auto out = model->forward(torch::randn({3, 1, 28, 28}));
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{3, 7})) << name;
