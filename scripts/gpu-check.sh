@@ -61,8 +61,39 @@ run() {
   return $code
 }
 
+# `ampp train --device cuda` there: the whole library and the CLI (that machine has protobuf, boost and
+# CLI11), then short synthetic-data runs per precision, each beside the same run on the CPU's cores.
+# Never run on a GPU yet (docs/gpu.md): a first run may well stop in the build; its log says where.
+train() {
+  local out=${1:?usage: scripts/gpu-check.sh train OUT}
+  mkdir -p "$out"
+  local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train} start=$SECONDS
+  local arch
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${arch:-9.0}}
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMPP_TORCH=wheel -DAMPP_PYTHON="$python" \
+    -DCMAKE_PREFIX_PATH="$kit/usr" -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF \
+    > "$out/train-configure.log" 2>&1 || { tail -30 "$out/train-configure.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target ampp_cli > "$out/train-build.log" 2>&1 ||
+    { tail -40 "$out/train-build.log"; exit 1; }
+  echo "gpu-check train: configured and built in $((SECONDS - start)) s" | tee -a "$out/train-summary.txt"
+  local precision device
+  for precision in "--opt-level O0" "--opt-level O1 --dtype bf16" "--opt-level O1 --dtype fp16"; do
+    for device in cuda cpu; do
+      # shellcheck disable=SC2086
+      "$build/bin/ampp" train --device "$device" --data synthetic:32768 --epochs 1 --quiet --no-plots \
+        --out "$out/run" $precision >> "$out/train-runs.log" 2>&1 &&
+        echo "$device $precision: $("$python" -c 'import json, sys; s = json.load(open(sys.argv[1]));
+print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_accuracy"]))' \
+          "$out/run/summary.json")" | tee -a "$out/train-summary.txt" ||
+        echo "$device $precision: failed (train-runs.log)" | tee -a "$out/train-summary.txt"
+    done
+  done
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   run) run "${2:-}" ;;
-  *) echo "usage: scripts/gpu-check.sh prepare | run OUT" >&2; exit 2 ;;
+  train) train "${2:-}" ;;
+  *) echo "usage: scripts/gpu-check.sh prepare | run OUT | train OUT" >&2; exit 2 ;;
 esac

@@ -26,7 +26,7 @@ using ampp_test::check_resume_is_exact;
 }  // namespace
 
 TEST(TrainCli, InvalidFlagsGiveClearErrors) {
-  const std::vector<std::pair<std::string, std::string>> cases{
+  std::vector<std::pair<std::string, std::string>> cases{
       // Parsed by the library's own parsers; CLI11 puts the flag in front of their messages.
       {"--opt-level O5", "--opt-level: Unexpected optimization level 'O5'. Options are 'O0', 'O1', 'O2', 'O3'"},
       {"--dtype fp8", "--dtype: the value 'fp8' is not a low-precision dtype; use bf16 or fp16"},
@@ -62,7 +62,11 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--threads 2000", "--threads must be 0 (automatic) or a count from 1 to 1024, got 2000"},
       {"--warmup-steps=-2", "--warmup-steps must be 0 (off) or a positive number of steps"},
       {"--data /nonexistent/folder --nproc 1", "dataset folder '/nonexistent/folder' does not exist"},
+      {"--device tpu", "--device must be cpu, cuda or cuda:N, got 'tpu'"},
+      {"--device cuda:x", "--device must be cpu, cuda or cuda:N, got 'cuda:x'"},
   };
+  // Without a GPU (every CI machine here) a CUDA device is refused before any work, saying why.
+  if (!torch::cuda::is_available()) cases.push_back({"--device cuda", "no CUDA GPU is visible to this process"});
   ampp_test::expect_train_errors(cases);
 }
 

@@ -105,6 +105,9 @@ void add_run_flags(CLI::App& sub, TrainArgs& a) {
   sub.add_option("--data", o.data(),
                  "images: Fashion-MNIST from dataset-fashion-mnist (default), 'synthetic[:N]' or an MNIST-format "
                  "folder; text (GPTs): 'text' (Debian's fortunes, the default) or 'text:FILE' (a file or folder)");
+  sub.add_option("--device", o.device(),
+                 "cpu, cuda or cuda:N: where the model and its batches live (a GPU takes one worker; docs/gpu.md)")
+      ->capture_default_str();
   ampp::cli::add_number(sub, "--context", o.context(), "GPT: tokens per sequence (0: the preset's)");
   ampp::cli::add_number(sub, "--n-layer", o.n_layer(), "GPT: blocks (0: the preset's)");
   ampp::cli::add_number(sub, "--n-head", o.n_head(), "GPT: attention heads (0: the preset's)");

@@ -59,6 +59,9 @@ struct TrainOptions {
   // per machine, not per worker; gzip files are decompressed once into ampp::user_cache_dir()/datasets);
   // false reads them into each worker's memory.
   TORCH_ARG(bool, map_data) = true;
+  // Where the model and its batches live: "cpu", "cuda" or "cuda:N" (one worker; autocast and the
+  // GradScaler follow the model there). CUDA has not been run in `ampp train` yet: docs/gpu.md.
+  TORCH_ARG(std::string, device) = "cpu";
   // ModelOptions::channels_last: cnn and resnet activations in channels-last order (faster CPU kernels).
   TORCH_ARG(bool, channels_last) = true;
   // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).
@@ -107,6 +110,8 @@ struct TrainOptions {
 // Throws c10::Error naming the bad option ("TrainOptions::lr must be ...") and the fix.
 void validate(const TrainOptions& options);
 
+// TrainOptions::device as a torch::Device (validate() has checked it).
+torch::Device device_of(const TrainOptions& options);
 // TrainOptions::data with the model's default filled in ("text" for a GPT).
 std::string data_spec(const TrainOptions& options);
 // A GPT's tokens per sequence: TrainOptions::context, or the preset's.

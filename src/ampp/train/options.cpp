@@ -5,10 +5,12 @@
 #include <ampp/train/options.h>
 
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 namespace ampp::train {
 namespace {
@@ -65,6 +67,24 @@ void validate_optimization(const TrainOptions& o) {
               "TrainOptions::clip_grad_norm must be 0 (off) or a positive max norm, got ", o.clip_grad_norm());
 }
 
+// A device ampp train can use here: the CPU, or a CUDA GPU that this process sees.
+void validate_device(const TrainOptions& o) {
+  std::optional<torch::Device> device;
+  try {
+    device = torch::Device(o.device());
+  } catch (const c10::Error&) {
+  }
+  TORCH_CHECK(device && (device->is_cpu() || device->is_cuda()),
+              "TrainOptions::device must be cpu, cuda or cuda:N, got '", o.device(), "'");
+  if (device->is_cpu()) return;
+  TORCH_CHECK(torch::cuda::is_available(), "TrainOptions::device '", o.device(),
+              "': no CUDA GPU is visible to this process (a CPU-only LibTorch, or no GPU or driver); use --device cpu, "
+              "or build with AMPP_TORCH=cuda on a machine with a GPU");
+  TORCH_CHECK(!device->has_index() || device->index() < static_cast<int>(torch::cuda::device_count()),
+              "TrainOptions::device '", o.device(), "': this process sees ", torch::cuda::device_count(), " GPU(s)");
+  TORCH_CHECK(!o.doctor(), "TrainOptions::doctor runs on the CPU only for now; drop --doctor or use --device cpu");
+}
+
 void validate_run_and_outputs(const TrainOptions& o) {
   TORCH_CHECK(o.threads() >= 0 && o.threads() <= 1024,
               "TrainOptions::threads must be 0 (automatic) or a count from 1 to 1024, got ", o.threads());
@@ -86,7 +106,10 @@ void validate(const TrainOptions& options) {
   validate_model_and_precision(options);
   validate_optimization(options);
   validate_run_and_outputs(options);
+  validate_device(options);
 }
+
+torch::Device device_of(const TrainOptions& options) { return torch::Device(options.device()); }
 
 std::string data_spec(const TrainOptions& options) {
   if (options.data().empty() && is_gpt(options.model())) return "text";

@@ -165,7 +165,9 @@ ModelOptions model_options_for(const Dataset& train, const TrainOptions& o) {
 
 std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelOptions& model_options) {
   torch::manual_seed(o.seed());
-  return make_model(o.model(), model_options);
+  auto model = make_model(o.model(), model_options);  // initialised on the CPU: the same weights everywhere
+  model->to(device_of(o));
+  return model;
 }
 
 torch::optim::SGDOptions sgd_options(const TrainOptions& o) {
@@ -205,6 +207,7 @@ struct Run {
   Run(const TrainOptions& options, Workers workers_in)
       : o(options),
         workers(std::move(workers_in)),
+        device(device_of(o)),
         data(load_dataset(data_spec(o), o.seed(), o.num_classes(),
                           DataLoading().map_files(o.map_data()).context(context_of(o)))),
         per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
@@ -219,6 +222,8 @@ struct Run {
         checkpoint(o.checkpoint_dir().empty() ? "" : checkpoint_path(o)) {
     TORCH_CHECK(per_rank_batch >= 1, "TrainOptions::batch_size ", o.batch_size(),
                 " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
+    TORCH_CHECK(device.is_cpu() || workers.world == 1, "TrainOptions::device '", o.device(), "' with ", workers.world,
+                " workers: DDP over NCCL is not built yet; use one worker (--nproc 1) or --device cpu");
   }
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
@@ -237,6 +242,7 @@ struct Run {
 
   const TrainOptions& o;
   Workers workers;
+  torch::Device device;  // the model's and the batches' (TrainOptions::device); the data stays on the CPU
   DatasetPair data;
   int64_t per_rank_batch;
   ModelOptions model_options;
@@ -480,8 +486,8 @@ Evaluation evaluate(Run& run) {
   for (int64_t i = begin; i < end; i += batch) {
     dist::report_progress(run.position.global_step);  // alive, for the launcher's stall watch
     const int64_t j = std::min(end, i + batch);
-    auto x = test.rows(i, j);
-    auto y = test.labels.slice(0, i, j);
+    auto x = test.rows(i, j).to(run.device);
+    auto y = test.labels.slice(0, i, j).to(run.device);
     torch::Tensor logits;
     {
       auto region = run.amp.autocast();
@@ -797,12 +803,13 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
   const int64_t images_per_step = run.per_rank_batch * run.workers.world;
   Throughput meter;
   run.clock.restart();  // between epochs: evaluation and checkpoints are not step time
-  while (auto batch = batches.next()) {
+  while (auto next = batches.next()) {
+    const Batch batch{next->data.to(run.device), next->target.to(run.device)};
     record_operators(run, false);
     run.clock.lap(StepPhase::kData);
     set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
-    const StepResult step = train_step(run, *batch);
-    count_step(run, step, *batch);
+    const StepResult step = train_step(run, batch);
+    count_step(run, step, batch);
     dist::report_progress(run.position.global_step);
     ++meter.steps;
     const bool epoch_end = batches.position() == batches.num_batches();
