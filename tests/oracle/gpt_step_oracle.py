@@ -10,12 +10,15 @@ Output: {"cases": [{"loss": tensor, "grads": {name: float32 tensor}}, ...]}
 import os
 import sys
 
-from oracle_common import _DTYPES, decode, encode, main, torch
+from oracle_common import _DTYPES, decode, encode, main, torch, unsupported
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python"))
 from gpt import Gpt  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
+
+if not hasattr(F, "scaled_dot_product_attention"):
+    unsupported("no scaled_dot_product_attention, which examples/python/gpt.py uses (added in 2.0)")
 
 
 def step(data, case):

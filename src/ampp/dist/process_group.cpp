@@ -166,13 +166,13 @@ class QuietLibTorchLog {
   int saved_;
 };
 
-// A client's TCPStore tries to connect twice, each time for the whole timeout (LibTorch 2.x), so a
-// missing master took twice the timeout to report: each try gets half, then the store's operations
-// get the whole timeout back.
+// A client's TCPStore tries to connect twice, each time for the whole timeout (LibTorch 2.x; 1.13
+// once), so a missing master took twice the timeout to report: each try gets its share, then the
+// store's operations get the whole timeout back.
 c10::intrusive_ptr<c10d::Store> connect_tcp_store(const std::string& host, c10d::TCPStoreOptions o) {
   const auto timeout = o.timeout;
   if (o.isServer) return c10::make_intrusive<c10d::TCPStore>(host, o);
-  o.timeout = std::max(timeout / 2, std::chrono::milliseconds(1));
+  o.timeout = std::max(timeout / compat::kTcpStoreConnectTries, std::chrono::milliseconds(1));
   QuietLibTorchLog quiet;
   auto store = c10::make_intrusive<c10d::TCPStore>(host, o);
   store->setTimeout(timeout);

@@ -78,6 +78,9 @@ using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<co
 // Gloo sums bfloat16 since 2.2 (pytorch#113557); 1.13's Gloo rejects it.
 constexpr bool kGlooSumsBFloat16 = AMPP_TORCH_AT_LEAST(2, 2);
 
+// A TCPStore client tries to connect twice in LibTorch 2.x, each time for the whole timeout; 1.13 once.
+constexpr int kTcpStoreConnectTries = AMPP_TORCH_AT_LEAST(2, 0) ? 2 : 1;
+
 // TCPStore got a libuv server in 2.3 and made it the default in 2.4: its errors read differently
 // ("address already in use" comes as a libuv message, EADDRINUSE). ampp keeps the default and
 // matches both spellings where it explains an error (see process_group.cpp).

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "little_endian.h"
+#include "torch_compat.h"
 
 namespace fs = std::filesystem;
 
@@ -268,6 +269,7 @@ void TrainingCheckpoint::restore_objects(const TrainingObjects& objects) {
   load_amp(objects, amp);
   archive_.read("optimizer", optimizer);
   objects.optimizer.load(optimizer);
+  compat::load_sgd_options(optimizer, objects.optimizer);
   archive_.read("sampler", sampler);
   objects.sampler.load(sampler);
   set_rng_state(rng_state_);
