@@ -8,8 +8,10 @@
 #   scripts/gpu-check.sh run OUT    there: builds ampp's library (util to dist: AMPP_BUILD_TRAIN=OFF, no
 #                                   protobuf or boost needed) and the GPU suite against the torch of that
 #                                   machine's python3 (or AMPP_PYTHON), runs the suite (each test against
-#                                   Python torch on the same GPU), one process per test, and writes to OUT: logs,
-#                                   gpu_tests.log, nvidia-smi.txt, fp16_emulation.md, summary.txt.
+#                                   Python torch on the same GPU), one process per test, and writes to OUT:
+#                                   summary.txt (nvidia-smi, results), build.log, gpu_tests.log, fp16_emulation.md.
+#   scripts/gpu-check.sh train OUT  there: `ampp train --device cuda` (below): train-build.log, train-runs.log.
+#   scripts/gpu-check.sh all OUT    both, in one call: 6 files, inside the device tool's 8.
 # Took 111 s on a 16-core H100 machine (80 s to configure and build); docs/gpu.md has its results.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,7 +33,7 @@ run() {
   [ -d "$kit/usr/include/gloo" ] || { echo "gpu-check: $kit is missing: run 'scripts/gpu-check.sh prepare' first" >&2; exit 1; }
   mkdir -p "$out"
   local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu} start=$SECONDS
-  nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "gpu-check: nvidia-smi failed (no GPU?)" | tee -a "$out/summary.txt"
+  nvidia-smi >> "$out/summary.txt" 2>&1 || echo "gpu-check: nvidia-smi failed (no GPU?)" | tee -a "$out/summary.txt"
   # The GPU's own architecture, so that nothing is compiled for others (ampp has no .cu files; the
   # wheel's CMake wants the list all the same).
   local arch
@@ -41,9 +43,8 @@ run() {
     | tee -a "$out/summary.txt"
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAMPP_TORCH=wheel \
     -DAMPP_PYTHON="$python" -DCMAKE_PREFIX_PATH="$kit/usr" -DAMPP_BUILD_TRAIN=OFF -DAMPP_BUILD_TOOLS=OFF \
-    -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF > "$out/configure.log" 2>&1 ||
-    { tail -30 "$out/configure.log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target ampp_gpu_tests > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+    -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target ampp_gpu_tests >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
   echo "gpu-check: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
   # One process per test: a crash (its backtrace printed by the suite) costs that test, not the rest.
   local suite=$build/tests/gpu/ampp_gpu_tests code=0 status test
@@ -73,27 +74,37 @@ train() {
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${arch:-9.0}}
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMPP_TORCH=wheel -DAMPP_PYTHON="$python" \
     -DCMAKE_PREFIX_PATH="$kit/usr" -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF \
-    > "$out/train-configure.log" 2>&1 || { tail -30 "$out/train-configure.log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target ampp_cli > "$out/train-build.log" 2>&1 ||
+    > "$out/train-build.log" 2>&1 || { tail -30 "$out/train-build.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target ampp_cli >> "$out/train-build.log" 2>&1 ||
     { tail -40 "$out/train-build.log"; exit 1; }
-  echo "gpu-check train: configured and built in $((SECONDS - start)) s" | tee -a "$out/train-summary.txt"
-  local precision device
+  echo "gpu-check train: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  local precision device failed=0
   for precision in "--opt-level O0" "--opt-level O1 --dtype bf16" "--opt-level O1 --dtype fp16"; do
     for device in cuda cpu; do
       # shellcheck disable=SC2086
       "$build/bin/ampp" train --device "$device" --data synthetic:32768 --epochs 1 --quiet --no-plots \
-        --out "$out/run" $precision >> "$out/train-runs.log" 2>&1 &&
+        --out "$build/run" $precision >> "$out/train-runs.log" 2>&1 &&
         echo "$device $precision: $("$python" -c 'import json, sys; s = json.load(open(sys.argv[1]));
 print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_accuracy"]))' \
-          "$out/run/summary.json")" | tee -a "$out/train-summary.txt" ||
-        echo "$device $precision: failed (train-runs.log)" | tee -a "$out/train-summary.txt"
+          "$build/run/summary.json")" | tee -a "$out/summary.txt" ||
+        { echo "$device $precision: failed (train-runs.log)" | tee -a "$out/summary.txt"; failed=1; }
     done
   done
+  return $failed
+}
+
+# Both in one call of the device tool (one machine start); each goes on if the other fails.
+all() {
+  local out=${1:?usage: scripts/gpu-check.sh all OUT} code=0
+  (run "$out") || code=1
+  (train "$out") || code=1
+  return $code
 }
 
 case "${1:-}" in
   prepare) prepare ;;
   run) run "${2:-}" ;;
   train) train "${2:-}" ;;
-  *) echo "usage: scripts/gpu-check.sh prepare | run OUT | train OUT" >&2; exit 2 ;;
+  all) all "${2:-}" ;;
+  *) echo "usage: scripts/gpu-check.sh prepare | run OUT | train OUT | all OUT" >&2; exit 2 ;;
 esac
