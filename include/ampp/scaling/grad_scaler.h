@@ -195,6 +195,7 @@ class GradScaler {
   void apply_policy_rule(bool found);
   bool step_fused(torch::optim::Optimizer& optimizer, GradScaleAwareOptimizer& fused);
   void check_inf_per_device(torch::optim::Optimizer& optimizer);
+  torch::Tensor found_inf_sum(const PerOptimizerState& st) const;
   void reduce_found_inf_with_hook(PerOptimizerState& st);
   bool update_on_device(const torch::Tensor& found_inf_combined, bool all_fused, bool pytorch_rule);
   OnDeviceCounts& on_device_counts();

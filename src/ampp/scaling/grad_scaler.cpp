@@ -171,12 +171,18 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   st.stage = OptState::kUnscaled;
 }
 
+// The optimizer's per-device flags added up where the scale lives (a new tensor: no flag is changed).
+torch::Tensor GradScaler::found_inf_sum(const PerOptimizerState& st) const {
+  torch::Tensor sum = torch::zeros({}, scale_.options());
+  for (const auto& [dev, f] : st.found_inf_per_device) sum += f.to(scale_.device());
+  return sum;
+}
+
 void GradScaler::reduce_found_inf_with_hook(PerOptimizerState& st) {
   if (!found_inf_hook_) return;
   // One combined flag per optimizer, reduced across processes. Called even when this process has no
   // grads for the optimizer, so that collective calls match on every rank.
-  torch::Tensor combined = torch::zeros({}, scale_.options());
-  for (auto& [dev, f] : st.found_inf_per_device) combined += f.to(scale_.device());
+  torch::Tensor combined = found_inf_sum(st);
   found_inf_hook_(combined);
   st.found_inf_per_device.clear();
   st.found_inf_per_device.emplace(scale_.device().str(), combined);

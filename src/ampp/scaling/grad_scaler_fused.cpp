@@ -37,8 +37,7 @@ bool GradScaler::step_fused(torch::optim::Optimizer& optimizer, GradScaleAwareOp
               "No inf checks were recorded for this optimizer. None of its parameters has a gradient: call "
               "scaler.scale(loss).backward() before step(optimizer), and check that the optimizer holds the "
               "model's parameters.");
-  torch::Tensor found_inf = torch::zeros({}, scale_.options());
-  for (auto& [dev, f] : st.found_inf_per_device) found_inf += f.to(scale_.device());
+  const torch::Tensor found_inf = found_inf_sum(st);
   fused.set_grad_scaling(unscaled ? torch::Tensor() : scale_, found_inf);
   optimizer.step();
   OnDeviceCounts& counts = on_device_counts();
