@@ -48,13 +48,6 @@ std::vector<Step> make_steps(uint64_t seed) {
   return steps;
 }
 
-std::vector<torch::Tensor> make_params(uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  std::vector<torch::Tensor> ps;
-  for (const auto& shape : kShapes) ps.push_back(torch::randn(shape, gen));
-  return ps;
-}
-
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
   if (kind == "sgd")
     return std::make_unique<ampp::FusedSGD>(params, torch::optim::SGDOptions(kLr).momentum(0.9).weight_decay(1e-4));
@@ -118,7 +111,7 @@ void compare_case(const std::string& kind, const std::vector<torch::Tensor>& ini
 
 TEST(FusedStepOracle, SgdAndAdamWMatchPyTorchsFusedOptimizersUnderGradScaler) {
   const std::vector<std::string> kinds{"sgd", "sgd_nesterov", "adamw", "adamw_amsgrad"};
-  const auto init = make_params(11);
+  const auto init = ampp_oracle::randn_tensors(kShapes, 11);
   const auto steps = make_steps(12);
   json in = {{"cases", json::array()}};
   for (const auto& kind : kinds) in["cases"].push_back(case_json(kind, init, steps));
@@ -132,7 +125,7 @@ TEST(FusedStepOracle, SgdAndAdamWMatchPyTorchsFusedOptimizersUnderGradScaler) {
 // first step, ampp's weights are those of a run that never had that step: PyTorch's own fused SGD from
 // the next step on, with the scale that the backoff left (powers of two: the unscale is exact).
 TEST(FusedStepOracle, AFirstStepThatOverflowsLeavesTheMomentumAsIfItNeverHappened) {
-  const auto init = make_params(21);
+  const auto init = ampp_oracle::randn_tensors(kShapes, 21);
   auto steps = make_steps(22);
   std::vector<Step> without_first(steps.begin() + 1, steps.begin() + 10);
   for (auto& s : without_first) s.unscale = false;

@@ -80,13 +80,6 @@ std::vector<Step> make_steps(const OptionSet& o, uint64_t seed) {
   return steps;
 }
 
-std::vector<torch::Tensor> make_params(uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  std::vector<torch::Tensor> ps;
-  for (const auto& shape : kParamShapes) ps.push_back(torch::randn(shape, gen));
-  return ps;
-}
-
 json set_to_json(const OptionSet& o, const std::vector<torch::Tensor>& params, const std::vector<Step>& steps) {
   json j = {{"name", o.name},
             {"lr", double_bits(kLr)},
@@ -214,7 +207,7 @@ TEST(GradScalerOracle, TrajectoriesMatchTorchAmpGradScaler) {
   std::vector<std::vector<Step>> steps;
   json input = {{"sets", json::array()}};
   for (size_t k = 0; k < sets.size(); ++k) {
-    params.push_back(make_params(100 + k));
+    params.push_back(ampp_oracle::randn_tensors(kParamShapes, 100 + k));
     steps.push_back(make_steps(sets[k], 200 + k));
     input["sets"].push_back(set_to_json(sets[k], params[k], steps[k]));
   }

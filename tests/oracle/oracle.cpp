@@ -119,6 +119,13 @@ std::optional<json> run(const std::string& script, const json& input) {
   return result;
 }
 
+std::vector<torch::Tensor> randn_tensors(const std::vector<std::vector<int64_t>>& shapes, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  std::vector<torch::Tensor> tensors;
+  for (const auto& shape : shapes) tensors.push_back(torch::randn(shape, gen));
+  return tensors;
+}
+
 std::string skip_message() {
   return std::string("no Python oracle for LibTorch ") + AMPP_ORACLE_TORCH_VERSION + " at " + AMPP_ORACLE_PYTHON +
          ": " + skip_reason() +

@@ -17,6 +17,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace ampp_oracle {
 
@@ -43,6 +44,10 @@ double bits_double(uint64_t bits);
 /// Bit-for-bit equality (dtype, shape, every bit: -0 != +0, NaN payloads count); on failure the
 /// message shows the first differing elements with values and bit patterns on both sides.
 ::testing::AssertionResult same_bits(const torch::Tensor& ampp, const torch::Tensor& oracle);
+
+/// Standard-normal tensors of `shapes`, drawn in order from one CPU generator seeded with `seed`
+/// (independent of torch's global generator).
+std::vector<torch::Tensor> randn_tensors(const std::vector<std::vector<int64_t>>& shapes, uint64_t seed);
 
 /// Deterministic choices for the test cases (independent of torch's generator state).
 class Rng {
