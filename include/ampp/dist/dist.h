@@ -1,8 +1,9 @@
 #pragma once
-// ampp::dist: process groups, DistributedDataParallel, SyncBatchNorm, ZeroRedundancyOptimizer, comm hooks,
+// ampp::dist: process groups, DistributedDataParallel, FullyShardedDataParallel, SyncBatchNorm, ZeroRedundancyOptimizer, comm hooks,
 // DistributedSampler, spawn and the launcher behind `ampp run`.
 #include <ampp/dist/comm_hooks.h>
 #include <ampp/dist/ddp.h>
+#include <ampp/dist/fully_shard.h>
 #include <ampp/dist/join.h>
 #include <ampp/dist/launcher.h>
 #include <ampp/dist/log.h>

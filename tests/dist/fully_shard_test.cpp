@@ -1,0 +1,227 @@
+// ampp::dist::FullyShardedDataParallel on 2 and 3 Gloo ranks: training equal bit for bit to DDP's in
+// FP32 (with units entered through unit_forward or not, resharded after forward or not), memory held
+// between steps, mixed-precision policies, clipping, GradScaler agreement, and checkpoints.
+#include "dist/ddp_test_util.h"
+#include "dist/fsdp_test_util.h"
+
+#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/dist/fully_shard.h>
+#include <ampp/precision/autocast.h>
+#include <ampp/scaling/grad_scaler.h>
+
+#include "ampp_test.h"
+
+namespace ampp_test {
+namespace {
+
+using torch::optim::Adam;
+using torch::optim::AdamOptions;
+
+Data stack_batch(int step, int rank, int world) {
+  auto gen = at::detail::createCPUGenerator(500 + step);
+  auto x = torch::randn({world * 4, 8}, gen, torch::kFloat), y = torch::randn({world * 4, 5}, gen, torch::kFloat);
+  return {x.narrow(0, rank * 4, 4), y.narrow(0, rank * 4, 4)};
+}
+
+// Trains DDP and FSDP copies of the same model on the same batches. With 2 ranks the parameters must stay
+// bitwise equal: DDP sums g/2 over the ranks and FSDP divides the sum by 2, and halving is exact. With 3,
+// g/3 summed and the sum divided by 3 round differently, so only closeness is asked there.
+void check_equal_to_ddp(int world, bool through_units, FullyShardOptions options) {
+  const bool exact = world == 2;
+  on_ranks(world, [&](int rank, const ProcessGroup& pg) {
+    auto plain = make_stack(rank + 1, through_units);  // rank 0's weights reach every rank in both
+    DistributedDataParallel<Stack> ddp(plain, pg);
+    Adam plain_opt(ddp.parameters(), AdamOptions(1e-2));
+    auto sharded = make_stack(rank + 1, through_units);
+    FullyShardedDataParallel fsdp(sharded, sharded->units(), options.process_group(pg));
+    Adam sharded_opt(fsdp.parameters(), AdamOptions(1e-2));
+    for (int step = 0; step < 6; ++step) {
+      const auto d = stack_batch(step, rank, world);
+      plain_opt.zero_grad();
+      sharded_opt.zero_grad();
+      auto plain_loss = torch::mse_loss(ddp.forward(d.x), d.y);
+      auto sharded_loss = torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y);
+      if (exact) ASSERT_TRUE(torch::equal(plain_loss, sharded_loss)) << "step " << step;
+      plain_loss.backward();
+      sharded_loss.backward();
+      plain_opt.step();
+      sharded_opt.step();
+    }
+    const auto expected = flat_params(plain->parameters()), actual = flat_state(fsdp.full_state_dict(), *plain);
+    if (exact)
+      EXPECT_TRUE(torch::equal(expected, actual));
+    else
+      EXPECT_LT(rel_err(actual, expected), 1e-5);
+  });
+}
+
+TEST(FullyShard, TwoRanksTrainBitForBitAsDdp) { check_equal_to_ddp(2, true, FullyShardOptions()); }
+
+TEST(FullyShard, ThreeRanksTrainAsDdpUpToTheDivisionByThree) { check_equal_to_ddp(3, true, FullyShardOptions()); }
+
+TEST(FullyShard, KeepingUnitsGatheredFromForwardToBackwardTrainsTheSame) {
+  check_equal_to_ddp(2, true, FullyShardOptions().reshard_after_forward(false));
+}
+
+TEST(FullyShard, AModelThatNeverEntersItsUnitsTrainsTheSame) { check_equal_to_ddp(2, false, FullyShardOptions()); }
+
+TEST(FullyShard, EachRankHoldsItsRowsAndTheModuleHoldsNoMemoryBetweenSteps) {
+  on_ranks(2, [](int rank, const ProcessGroup& pg) {
+    auto model = make_stack(1);
+    int64_t full = 0;
+    for (const auto& p : model->parameters()) full += p.numel();
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    int64_t held = 0;
+    for (const auto& p : fsdp.parameters()) held += p.numel();
+    // up.weight has 13 rows: rank 0 holds 7, rank 1 the other 6.
+    for (const auto& [name, shard] : fsdp.named_parameters())
+      if (name == "block0.up.weight") EXPECT_EQ(shard.size(0), rank == 0 ? 7 : 6);
+    EXPECT_LE(held, full / 2 + 64);
+    EXPECT_GE(held, full / 2 - 64);
+    auto d = stack_batch(0, rank, 2);
+    torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+    for (const auto& p : model->parameters()) {
+      EXPECT_EQ(p.storage().nbytes(), 0u) << "a module parameter kept its memory after backward";
+      EXPECT_FALSE(p.grad().defined()) << "a full gradient was kept after backward";
+    }
+    for (const auto& p : fsdp.parameters()) EXPECT_TRUE(p.grad().defined());
+    // The three blocks were entered through unit_forward: 3 units and the root.
+    EXPECT_EQ(fsdp.unit_parameter_names().size(), 4u);
+    EXPECT_EQ(fsdp.unit_parameter_names()[1].size(), 6u);
+  });
+}
+
+TEST(FullyShard, BFloat16PolicyKeepsNormsFp32AndTrainsCloseToFp32) {
+  on_ranks(2, [](int rank, const ProcessGroup& pg) {
+    auto fp32 = make_stack(1), bf16 = make_stack(1);
+    FullyShardedDataParallel ref(fp32, fp32->units(), FullyShardOptions().process_group(pg));
+    // The head stays FP32 by name; autocast reconciles the dtypes that meet in one op.
+    auto policy = MixedPrecisionPolicy().param_dtype(torch::kBFloat16).keep_norms_fp32(true).output_dtype(
+        torch::kFloat).param_dtypes({{"head.weight", torch::kFloat}, {"head.bias", torch::kFloat}});
+    FullyShardedDataParallel low(bf16, bf16->units(), FullyShardOptions().process_group(pg).mp_policy(policy));
+    const auto dtypes = low.gathered_dtypes();
+    EXPECT_EQ(dtypes.at("block0.norm.weight"), torch::kFloat);
+    EXPECT_EQ(dtypes.at("block0.up.weight"), torch::kBFloat16);
+    EXPECT_EQ(dtypes.at("head.bias"), torch::kFloat);
+    for (const auto& p : low.parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat) << "shards are FP32 masters";
+    Adam ref_opt(ref.parameters(), AdamOptions(1e-3)), low_opt(low.parameters(), AdamOptions(1e-3));
+    for (int step = 0; step < 4; ++step) {
+      const auto d = stack_batch(step, rank, 2);
+      ref_opt.zero_grad();
+      low_opt.zero_grad();
+      torch::mse_loss(ref.forward<StackImpl>(d.x), d.y).backward();
+      torch::Tensor out;
+      {
+        ampp::autocast bf16(torch::kCPU, torch::kBFloat16);
+        out = low.forward<StackImpl>(d.x);
+      }
+      EXPECT_EQ(out.scalar_type(), torch::kFloat) << "output_dtype";
+      torch::mse_loss(out, d.y).backward();
+      ref_opt.step();
+      low_opt.step();
+    }
+    const auto a = flat_state(ref.full_state_dict(), *fp32), b = flat_state(low.full_state_dict(), *fp32);
+    EXPECT_FALSE(torch::equal(a, b)) << "bf16 compute must differ from FP32 somewhere";
+    EXPECT_LT(rel_err(b, a), 2e-2);
+  });
+}
+
+TEST(FullyShard, ClipGradNormIsTheWholeModelsNorm) {
+  on_ranks(2, [](int rank, const ProcessGroup& pg) {
+    auto plain = make_stack(1), sharded = make_stack(1);
+    DistributedDataParallel<Stack> ddp(plain, pg);
+    FullyShardedDataParallel fsdp(sharded, sharded->units(), FullyShardOptions().process_group(pg));
+    const auto d = stack_batch(0, rank, 2);
+    torch::mse_loss(ddp.forward(d.x), d.y).backward();
+    torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+    const double expected = torch::nn::utils::clip_grad_norm_(plain->parameters(), 0.05);
+    const double total = fsdp.clip_grad_norm_(0.05).item<double>();
+    EXPECT_NEAR(total, expected, 1e-6 * expected);
+    double clipped = 0;
+    for (const auto& p : fsdp.parameters()) clipped += p.grad().pow(2).sum().item<double>();
+    std::vector<torch::Tensor> io{torch::tensor({clipped}, torch::kDouble)};
+    pg.c10d()->allreduce(io)->wait();
+    EXPECT_NEAR(std::sqrt(io[0].item<double>()), 0.05, 1e-4);
+  });
+}
+
+TEST(FullyShard, GradScalerSkipsOnEveryRankWhenOneShardOverflows) {
+  on_ranks(2, [](int rank, const ProcessGroup& pg) {
+    auto model = make_stack(1);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    torch::optim::SGD opt(fsdp.parameters(), torch::optim::SGDOptions(0.1));
+    ampp::GradScaler scaler;
+    scaler.set_found_inf_hook(fsdp.found_inf_hook());
+    const auto before = flat_state(fsdp.full_state_dict(), *model);
+    const auto d = stack_batch(0, rank, 2);
+    scaler.scale(torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y)).backward();
+    // Only rank 0's shard of in.weight overflows: rank 1 sees finite gradients.
+    if (rank == 0) fsdp.parameters()[0].mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+    scaler.step(opt);
+    scaler.update();
+    EXPECT_TRUE(torch::equal(before, flat_state(fsdp.full_state_dict(), *model))) << "a rank stepped";
+    EXPECT_EQ(scaler.get_scale(), 65536.0 * 0.5);
+  });
+}
+
+TEST(FullyShard, FullCheckpointsMoveBetweenWorldSizesAndPlainModules) {
+  TempDir dir;
+  const std::string path = dir.file("full.pt");
+  c10::impl::GenericDict saved = ampp::make_pytorch_dict();
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    auto model = make_stack(1);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    Adam opt(fsdp.parameters(), AdamOptions(1e-2));
+    const auto d = stack_batch(0, rank, 2);
+    torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+    opt.step();
+    fsdp.save_full(path);
+    fsdp.save_sharded(dir.file("shard" + std::to_string(rank) + ".pt"));
+  });
+  // A plain module reads it as PyTorch's load_state_dict would.
+  auto plain = make_stack(7);
+  ampp::load_module_state_dict(*plain, ampp::load_pytorch(path));
+  const auto expected = flat_params(plain->parameters());
+  EXPECT_FALSE(torch::equal(expected, flat_params(make_stack(1)->parameters()))) << "the step changed nothing";
+  on_ranks(3, [&](int, const ProcessGroup& pg) {
+    auto model = make_stack(5);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    fsdp.load_full(path);
+    EXPECT_TRUE(torch::equal(flat_state(fsdp.full_state_dict(), *model), expected));
+    AMPP_EXPECT_THROW_WITH(fsdp.load_sharded(dir.file("shard0.pt")), "save with save_full()");
+  });
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    auto model = make_stack(5);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    fsdp.load_sharded(dir.file("shard" + std::to_string(rank) + ".pt"));
+    EXPECT_TRUE(torch::equal(flat_state(fsdp.full_state_dict(), *model), expected));
+  });
+}
+
+TEST(FullyShard, AStateDictOfAnotherModelIsOneErrorListingEveryMismatch) {
+  on_ranks(1, [](int, const ProcessGroup& pg) {
+    auto model = make_stack(1);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    auto state = fsdp.full_state_dict();
+    state.erase("head.bias");
+    state.insert_or_assign("in.weight", torch::zeros({3, 3}));
+    state.insert("extra", torch::zeros({1}));
+    const auto message = error_of([&] { fsdp.load_full_state_dict(state); });
+    EXPECT_THAT(message, ::testing::HasSubstr("missing: head.bias"));
+    EXPECT_THAT(message, ::testing::HasSubstr("in.weight has shape [3, 3]"));
+    EXPECT_THAT(message, ::testing::HasSubstr("unexpected: extra"));
+  });
+}
+
+TEST(FullyShard, UnitsThatShareAParameterAreRefused) {
+  on_ranks(1, [](int, const ProcessGroup& pg) {
+    auto model = make_stack(1);
+    auto units = model->units();
+    units.push_back(units[0]);
+    AMPP_EXPECT_THROW_WITH(FullyShardedDataParallel(model, units, FullyShardOptions().process_group(pg)),
+                           "share a parameter");
+  });
+}
+
+}  // namespace
+}  // namespace ampp_test
