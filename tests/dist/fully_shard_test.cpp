@@ -96,8 +96,11 @@ TEST(FullyShard, BFloat16PolicyKeepsNormsFp32AndTrainsCloseToFp32) {
     auto fp32 = make_stack(1), bf16 = make_stack(1);
     FullyShardedDataParallel ref(fp32, fp32->units(), FullyShardOptions().process_group(pg));
     // The head stays FP32 by name; autocast reconciles the dtypes that meet in one op.
-    auto policy = MixedPrecisionPolicy().param_dtype(torch::kBFloat16).keep_norms_fp32(true).output_dtype(
-        torch::kFloat).param_dtypes({{"head.weight", torch::kFloat}, {"head.bias", torch::kFloat}});
+    auto policy = MixedPrecisionPolicy()
+                      .param_dtype(torch::kBFloat16)
+                      .keep_norms_fp32(true)
+                      .output_dtype(torch::kFloat)
+                      .param_dtypes({{"head.weight", torch::kFloat}, {"head.bias", torch::kFloat}});
     FullyShardedDataParallel low(bf16, bf16->units(), FullyShardOptions().process_group(pg).mp_policy(policy));
     const auto dtypes = low.gathered_dtypes();
     EXPECT_EQ(dtypes.at("block0.norm.weight"), torch::kFloat);

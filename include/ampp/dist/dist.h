@@ -1,6 +1,6 @@
 #pragma once
-// ampp::dist: process groups, DistributedDataParallel, FullyShardedDataParallel, SyncBatchNorm, ZeroRedundancyOptimizer, comm hooks,
-// DistributedSampler, spawn and the launcher behind `ampp run`.
+// ampp::dist: process groups, DistributedDataParallel, FullyShardedDataParallel, SyncBatchNorm,
+// ZeroRedundancyOptimizer, comm hooks, DistributedSampler, spawn and the launcher behind `ampp run`.
 #include <ampp/dist/comm_hooks.h>
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/fully_shard.h>

@@ -33,10 +33,10 @@
 
 #include <functional>
 #include <map>
-#include <type_traits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -117,8 +117,7 @@ class FullyShardedDataParallel {
                            FullyShardOptions options = {});
   template <typename Holder>
   FullyShardedDataParallel(const torch::nn::ModuleHolder<Holder>& root,
-                           const std::vector<std::shared_ptr<torch::nn::Module>>& units,
-                           FullyShardOptions options = {})
+                           const std::vector<std::shared_ptr<torch::nn::Module>>& units, FullyShardOptions options = {})
       : FullyShardedDataParallel(root.ptr(), units, std::move(options)) {}
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(FullyShardedDataParallel&&) noexcept;

@@ -41,13 +41,16 @@ c10::impl::GenericDict FullyShardedDataParallel::full_state_dict() const {
   auto dict = make_pytorch_dict();
   for (const auto& p : state_->params) dict.insert(p.name, gather_full(state_->context.group, p));
   for (const auto& b : state_->root->named_buffers())
-    dict.insert(b.key(), b.value().is_floating_point() ? b.value().to(torch::kFloat).cpu().clone() : b.value().cpu().clone());
+    dict.insert(b.key(),
+                b.value().is_floating_point() ? b.value().to(torch::kFloat).cpu().clone() : b.value().cpu().clone());
   return dict;
 }
 
 void FullyShardedDataParallel::load_full_state_dict(const c10::IValue& state) {
-  TORCH_CHECK(state.isGenericDict(), "ampp::dist::FullyShardedDataParallel::load_full_state_dict: expected a dict of "
-              "tensors by name (a model's state_dict), got ", state.tagKind());
+  TORCH_CHECK(state.isGenericDict(),
+              "ampp::dist::FullyShardedDataParallel::load_full_state_dict: expected a dict of "
+              "tensors by name (a model's state_dict), got ",
+              state.tagKind());
   const auto dict = state.toGenericDict();
   std::set<std::string> expected;
   std::ostringstream problems;
@@ -75,8 +78,8 @@ void FullyShardedDataParallel::load_full_state_dict(const c10::IValue& state) {
   }
   for (const auto& item : dict)
     if (!expected.count(item.key().toStringRef())) problems << "\n  unexpected: " << item.key().toStringRef();
-  TORCH_CHECK(problems.str().empty(), "ampp::dist::FullyShardedDataParallel: the state dict does not fit the model:",
-              problems.str());
+  TORCH_CHECK(problems.str().empty(),
+              "ampp::dist::FullyShardedDataParallel: the state dict does not fit the model:", problems.str());
   // Gathered units would hold the old values until they reshard: drop them now.
   reshard();
 }
@@ -107,8 +110,8 @@ void FullyShardedDataParallel::load_sharded(const std::string& path) {
   archive.read("rank", rank);
   const auto& group = state_->context.group;
   TORCH_CHECK(world.item<int64_t>() == group.size() && rank.item<int64_t>() == group.rank(),
-              "ampp::dist::FullyShardedDataParallel: ", path, " holds the shards of rank ", rank.item<int64_t>(), " of ",
-              world.item<int64_t>(), ", and this is rank ", group.rank(), " of ", group.size(),
+              "ampp::dist::FullyShardedDataParallel: ", path, " holds the shards of rank ", rank.item<int64_t>(),
+              " of ", world.item<int64_t>(), ", and this is rank ", group.rank(), " of ", group.size(),
               ". Shards fit only their own rank and world size; to change them, save with save_full() (one "
               "unsharded file) and load that with load_full() on any number of ranks.");
   torch::NoGradGuard no_grad;

@@ -85,7 +85,8 @@ void FsdpUnit::unshard() {
   const int world = group.size();
   auto device = params_.empty() ? torch::kCPU : params_[0]->padded.device();
   auto mine = torch::empty({chunk_bytes_}, torch::dtype(torch::kByte).device(device));
-  for (size_t i = 0; i < params_.size(); ++i) chunk_in(mine, *params_[i], byte_offsets_[i]).copy_(params_[i]->padded.view({params_[i]->rows_per_rank, -1}));
+  for (size_t i = 0; i < params_.size(); ++i)
+    chunk_in(mine, *params_[i], byte_offsets_[i]).copy_(params_[i]->padded.view({params_[i]->rows_per_rank, -1}));
   auto all = torch::empty({world, chunk_bytes_}, mine.options());
   if (world == 1) {
     all[0].copy_(mine);
@@ -100,7 +101,8 @@ void FsdpUnit::unshard() {
     auto full = storage_alias(p.param, {p.rows, p.row_numel});
     for (int r = 0; r < world; ++r) {
       const int64_t rows = p.rows_of_rank(r);
-      if (rows > 0) full.narrow(0, r * p.rows_per_rank, rows).copy_(chunk_in(all[r], p, byte_offsets_[i]).narrow(0, 0, rows));
+      if (rows > 0)
+        full.narrow(0, r * p.rows_per_rank, rows).copy_(chunk_in(all[r], p, byte_offsets_[i]).narrow(0, 0, rows));
     }
   }
   gathered_ = true;
@@ -142,7 +144,12 @@ void FsdpUnit::reduce_group(const std::vector<ShardedParam*>& params, c10::Scala
       auto full = grad.reshape({p->rows, p->row_numel});
       for (int r = 0; r < world; ++r) {
         const int64_t rows = p->rows_of_rank(r);
-        if (rows > 0) input[r].narrow(0, offset, p->chunk_numel()).view({p->rows_per_rank, p->row_numel}).narrow(0, 0, rows).copy_(full.narrow(0, r * p->rows_per_rank, rows));
+        if (rows > 0)
+          input[r]
+              .narrow(0, offset, p->chunk_numel())
+              .view({p->rows_per_rank, p->row_numel})
+              .narrow(0, 0, rows)
+              .copy_(full.narrow(0, r * p->rows_per_rank, rows));
       }
     }
     offset += p->chunk_numel();
@@ -153,7 +160,8 @@ void FsdpUnit::reduce_group(const std::vector<ShardedParam*>& params, c10::Scala
   if (post != 1) output.div_(post);
   offset = 0;
   for (auto* p : params) {
-    auto grad = output.narrow(0, offset, p->chunk_numel()).view({p->rows_per_rank, p->row_numel}).narrow(0, 0, p->local_rows);
+    auto grad =
+        output.narrow(0, offset, p->chunk_numel()).view({p->rows_per_rank, p->row_numel}).narrow(0, 0, p->local_rows);
     grad = grad.to(torch::kFloat).reshape(p->shard.sizes());
     auto& shard_grad = p->shard.mutable_grad();
     if (shard_grad.defined())

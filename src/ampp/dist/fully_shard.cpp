@@ -104,13 +104,14 @@ void FsdpState::shard_parameters(const std::vector<std::shared_ptr<torch::nn::Mo
   params.reserve(named.size());  // ShardedParam pointers stay valid
   std::vector<std::vector<ShardedParam*>> members(unit_modules.size() + 1);
   for (const auto& item : named) {
-    params.push_back(make_sharded(item.key(), item.value(), gathered_dtype_of(item.key(), item.value(),
-                                                                                context.options.mp_policy(), norms)));
+    params.push_back(make_sharded(item.key(), item.value(),
+                                  gathered_dtype_of(item.key(), item.value(), context.options.mp_policy(), norms)));
     auto it = unit_of.find(item.value().unsafeGetTensorImpl());
     members[it == unit_of.end() ? 0 : it->second].push_back(&params.back());
   }
   for (size_t u = 0; u < members.size(); ++u)
-    units.push_back(std::make_shared<FsdpUnit>(std::move(members[u]), &context, u == 0 ? "root" : "unit " + std::to_string(u)));
+    units.push_back(
+        std::make_shared<FsdpUnit>(std::move(members[u]), &context, u == 0 ? "root" : "unit " + std::to_string(u)));
   for (auto& unit : units) unit->reshard();
   for (auto& unit : units) install_gradient_hooks(unit);
 }
