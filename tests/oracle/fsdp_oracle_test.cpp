@@ -30,7 +30,8 @@ json case_json(const Case& c, const json& weights, const json& batches) {
 // Trains one case on this rank and compares it with rank `rank`'s answer from Python.
 void check_case(const Case& c, const json& input, const json& answer, int rank, const ProcessGroup& pg) {
   auto model = ampp_test::make_stack(1);
-  auto policy = MixedPrecisionPolicy().param_dtype(c.param_dtype).reduce_dtype(c.reduce_dtype).output_dtype(torch::kFloat);
+  auto policy =
+      MixedPrecisionPolicy().param_dtype(c.param_dtype).reduce_dtype(c.reduce_dtype).output_dtype(torch::kFloat);
   FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg).mp_policy(policy));
   torch::optim::SGD opt(fsdp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   const auto& batches = input["batches"];
@@ -54,9 +55,8 @@ void check_case(const Case& c, const json& input, const json& answer, int rank, 
 }
 
 TEST(FsdpOracle, TrainingMatchesFsdp2BitForBitInFp32AndBf16) {
-  const std::vector<Case> cases{{std::nullopt, std::nullopt},
-                                {torch::kBFloat16, std::nullopt},
-                                {torch::kBFloat16, torch::kFloat}};
+  const std::vector<Case> cases{
+      {std::nullopt, std::nullopt}, {torch::kBFloat16, std::nullopt}, {torch::kBFloat16, torch::kFloat}};
   json weights;
   for (const auto& p : ampp_test::make_stack(1)->named_parameters()) weights[p.key()] = ampp_oracle::encode(p.value());
   json batches = json::array();

@@ -13,4 +13,12 @@ namespace ampp::train {
 /// Returns false (and changes nothing) where the C library is not glibc. Call it once, early.
 bool retain_freed_memory();
 
+/// The opposite, for runs whose point is a smaller footprint (FSDP): every buffer of 128 KiB or more gets a
+/// mapping of its own, returned to the kernel when freed, so the process's size follows its live tensors.
+/// glibc's default does that only until the first such free, after which it serves buffers up to that size
+/// from a heap that fragments and does not shrink (measured by bench/dist/ampp_fsdp_bench: FSDP's peak RSS
+/// stayed at DDP's without it). Cost: the page faults retain_freed_memory() avoids. Returns false where the
+/// C library is not glibc.
+bool return_freed_memory();
+
 }  // namespace ampp::train

@@ -12,6 +12,9 @@ namespace ampp::train {
 // whose last dimension is the classes: [N, classes] for images, [N, T, vocabulary] for a GPT's tokens.
 struct ClassifierImpl : torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;
+  // The submodules FSDP shards as units (ampp::dist::FullyShardedDataParallel): the ones forward() enters
+  // through ampp::dist::unit_forward. Empty: the model is one unit.
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> sharding_units() const { return {}; }
 };
 
 struct ModelOptions {

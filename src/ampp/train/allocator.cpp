@@ -21,4 +21,13 @@ bool retain_freed_memory() {
 #endif
 }
 
+bool return_freed_memory() {
+#if defined(__GLIBC__)
+  constexpr int kMmapThreshold = 128 << 10;  // glibc's initial threshold, now fixed
+  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1;
+#else
+  return false;
+#endif
+}
+
 }  // namespace ampp::train

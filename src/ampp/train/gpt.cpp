@@ -1,3 +1,4 @@
+#include <ampp/dist/fully_shard.h>
 #include <ampp/precision/autocast.h>
 #include <ampp/train/gpt.h>
 
@@ -97,9 +98,18 @@ struct GptImpl : ClassifierImpl {
     TORCH_CHECK(tokens.size(1) <= context, "a sequence of ", tokens.size(1),
                 " tokens is longer than the GPT's context (", context, ")");
     auto x = wte->forward(tokens) + wpe->forward(torch::arange(tokens.size(1), tokens.options()));
-    for (const auto& block : *h) x = block->as<Block>()->forward(x);
+    for (const auto& block : *h) {
+      auto* b = block->as<Block>();
+      x = dist::unit_forward(b, x);  // a unit of its own under FSDP; a plain call otherwise
+    }
     // The output head is the token embedding itself (GPT-2's weight tying): one parameter, two uses.
     return torch::nn::functional::linear(ln_f->forward(x), wte->weight);
+  }
+  // The blocks: the units FSDP gathers one at a time (the embeddings, tied to the head, stay in the root).
+  std::vector<std::shared_ptr<torch::nn::Module>> sharding_units() const override {
+    std::vector<std::shared_ptr<torch::nn::Module>> units;
+    for (const auto& block : *h) units.push_back(block);
+    return units;
   }
   int64_t context;
   nn::Embedding wte{nullptr}, wpe{nullptr};

@@ -1,5 +1,6 @@
 #include <ampp/train/models.h>
 
+#include <ampp/dist/fully_shard.h>
 #include <ampp/dist/sync_batch_norm.h>
 #include <ampp/train/gpt.h>
 #include <fmt/format.h>
@@ -108,8 +109,11 @@ struct ResNetImpl : ClassifierImpl {
   }
   torch::Tensor forward(torch::Tensor x) override {
     x = torch::relu(bn.forward(stem->forward(input_layout(x, channels_last))));
-    x = layer3->forward(layer2->forward(layer1->forward(x)));
+    for (auto* layer : {&layer1, &layer2, &layer3}) x = dist::unit_forward(*layer, x);  // FSDP's units
     return fc->forward(x.mean({2, 3}));
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> sharding_units() const override {
+    return {layer1.ptr(), layer2.ptr(), layer3.ptr()};
   }
   bool channels_last;
   nn::Conv2d stem{nullptr};
