@@ -205,10 +205,11 @@ void print_comparison(const std::vector<Result>& ddp, const std::vector<Result>&
     fmt::print("{:<6} {:>12.1f} {:>12.1f} {:>12.1f} {:>10.1f}\n", name, r.at_rest_mb, r.peak_mb, r.peak_rss_mb,
                r.step_ms);
   const double whole = mb(params * 4 * 4), ideal = whole / kWorld;
-  fmt::print("FSDP/DDP: at rest {:.3f}x (parameters+gradients+Adam: {:.1f} MiB whole, ideal {:.1f} MiB = 1/{} + "
-             "{:.1f} MiB for a gathered unit), step peak {:.3f}x, peak RSS {:.3f}x, step time {:.3f}x\n",
-             f.at_rest_mb / d.at_rest_mb, whole, ideal, kWorld, mb(largest_unit * 4 * 2), f.peak_mb / d.peak_mb,
-             f.peak_rss_mb / d.peak_rss_mb, f.step_ms / d.step_ms);
+  fmt::print(
+      "FSDP/DDP: at rest {:.3f}x (parameters+gradients+Adam: {:.1f} MiB whole, ideal {:.1f} MiB = 1/{} + "
+      "{:.1f} MiB for a gathered unit), step peak {:.3f}x, peak RSS {:.3f}x, step time {:.3f}x\n",
+      f.at_rest_mb / d.at_rest_mb, whole, ideal, kWorld, mb(largest_unit * 4 * 2), f.peak_mb / d.peak_mb,
+      f.peak_rss_mb / d.peak_rss_mb, f.step_ms / d.step_ms);
   int equal = 0, compared = 0;
   for (int rank = 0; rank < kWorld; ++rank)
     for (size_t s = 0; s < ddp[rank].losses.size() && s < fsdp[rank].losses.size(); ++s, ++compared)
@@ -223,9 +224,12 @@ int main(int argc, char** argv) {
   double limit_mb = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (flag == "--limit-mb") limit_mb = std::stod(argv[i + 1]);
-    else TORCH_CHECK(false, "usage: ampp_fsdp_bench [--steps N] [--limit-mb M]");
+    if (flag == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (flag == "--limit-mb")
+      limit_mb = std::stod(argv[i + 1]);
+    else
+      TORCH_CHECK(false, "usage: ampp_fsdp_bench [--steps N] [--limit-mb M]");
   }
   TORCH_CHECK(steps >= 2, "--steps must be at least 2 (the first step is not timed)");
   torch::manual_seed(0);
@@ -237,10 +241,11 @@ int main(int argc, char** argv) {
     for (const auto& p : unit->parameters()) n += p.numel();
     largest_unit = std::max(largest_unit, n);
   }
-  fmt::print("GPT {} layers x {}, context {}, vocabulary {}: {:.1f} M parameters; Adam, FP32; {} ranks x 1 thread, "
-             "batch {} per rank, {} steps (the first untimed)\n",
-             gpt().n_layer(), gpt().n_embd(), gpt().context(), gpt().vocab_size(), static_cast<double>(params) / 1e6,
-             kWorld, kBatch, steps);
+  fmt::print(
+      "GPT {} layers x {}, context {}, vocabulary {}: {:.1f} M parameters; Adam, FP32; {} ranks x 1 thread, "
+      "batch {} per rank, {} steps (the first untimed)\n",
+      gpt().n_layer(), gpt().n_embd(), gpt().context(), gpt().vocab_size(), static_cast<double>(params) / 1e6, kWorld,
+      kBatch, steps);
   const auto ddp = run_config(false, steps, 0), fsdp = run_config(true, steps, 0);
   print_comparison(ddp, fsdp, params, largest_unit);
   if (limit_mb <= 0) return 0;

@@ -94,6 +94,9 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
       "keep cnn and resnet activations in NCHW order instead of channels-last (slower CPU kernels; for comparison)");
   sub.add_flag("--zero", o.zero(),
                "shard the optimizer state over the workers (ZeRO stage 1, ZeroRedundancyOptimizer); same results");
+  sub.add_flag("--fsdp", o.fsdp(),
+               "fully sharded data parallel instead of DDP: each worker keeps 1/N of the parameters, gradients and "
+               "momentum, and gathers the model's blocks one at a time (O0/O1; docs/distributed.md)");
   ampp::cli::add_number(sub, "--max-consecutive-skips", o.max_consecutive_skips(),
                         "stop with an error after this many steps in a row skipped for inf/NaN gradients (0: never)");
 }

@@ -174,6 +174,10 @@ class Amp {
   /// The live scale of loss scaler `loss_id` (1.0 for a static 1.0 / disabled).
   double loss_scale(int64_t loss_id = 0) const;
   const GradScaler& scaler(int64_t loss_id = 0) const;
+  /// Makes the processes agree on each backward's overflow before it is acted on: `reduce` runs on the
+  /// found-inf flag first, e.g. FullyShardedDataParallel::found_inf_hook() (each rank checks only its shards).
+  /// nullptr: no agreement (DDP's gradients are whole on every rank).
+  void set_found_inf_reducer(FoundInfHook reduce);
   /// Steps skipped because of overflow, over all optimizers.
   int64_t skipped_steps() const;
   /// The properties in force (level defaults + overrides, dtype resolved for the model's device).

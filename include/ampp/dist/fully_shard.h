@@ -154,6 +154,9 @@ class FullyShardedDataParallel {
   // For GradScaler::set_found_inf_hook: an inf in one rank's shard makes every rank skip the step (each
   // rank unscales only its shards, so the ranks must agree; one allreduce).
   std::function<void(torch::Tensor& found_inf)> found_inf_hook() const;
+  // Gathers every unit into the module's parameters (in their gathered dtypes), e.g. to read or save the
+  // model as a whole; they stay until reshard() or the units' next forward.
+  void unshard();
   // Frees every gathered parameter (e.g. after an evaluation forward without backward).
   void reshard();
 

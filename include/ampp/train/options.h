@@ -51,6 +51,10 @@ struct TrainOptions {
   // With several workers: each keeps the SGD momentum of its shard of the parameters only
   // (ampp::dist::ZeroRedundancyOptimizer); checkpoints hold the whole state, as without it.
   TORCH_ARG(bool, zero) = false;
+  // With several workers: fully sharded data parallel (ampp::dist::FullyShardedDataParallel) in place of DDP:
+  // each worker keeps 1/N of the parameters, gradients and momentum, and gathers the model's units (a GPT's
+  // blocks, a ResNet's stages) one at a time. O0 and O1; the same losses as DDP up to the reduction order.
+  TORCH_ARG(bool, fsdp) = false;
   // With several workers: DDP's gradient allreduce and per-forward buffer broadcast through shared memory
   // among the workers of each machine, and Gloo only between one worker per machine
   // (ampp::dist::hierarchical_allreduce_hook, hierarchical_buffer_broadcast); false: Gloo for all.

@@ -245,6 +245,15 @@ void Amp::load_state_dict(const AmpStateDict& state) {
 
 double Amp::loss_scale(int64_t loss_id) const { return scaler(loss_id).get_scale(); }
 
+void Amp::set_found_inf_reducer(FoundInfHook reduce) {
+  AmpState* raw = state_.get();
+  for (auto& scaler : state_->scalers)
+    scaler->set_found_inf_hook([raw, reduce](torch::Tensor& found_inf) {
+      if (reduce) reduce(found_inf);
+      if (found_inf.item<float>() != 0.0f) raw->overflow_seen = true;  // as initialize()'s own hook
+    });
+}
+
 const GradScaler& Amp::scaler(int64_t loss_id) const {
   TORCH_CHECK(loss_id >= 0 && loss_id < static_cast<int64_t>(state_->scalers.size()), "loss_id ", loss_id,
               " is out of range: this handle has ", state_->scalers.size(), " loss scaler(s).");

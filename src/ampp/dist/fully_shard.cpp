@@ -270,6 +270,10 @@ std::function<void(torch::Tensor&)> FullyShardedDataParallel::found_inf_hook() c
   };
 }
 
+void FullyShardedDataParallel::unshard() {
+  for (auto& unit : state_->units) unit->unshard();
+}
+
 void FullyShardedDataParallel::reshard() {
   for (auto& unit : state_->units) unit->reshard();
 }

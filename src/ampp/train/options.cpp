@@ -85,6 +85,26 @@ void validate_device(const TrainOptions& o) {
   TORCH_CHECK(!o.doctor(), "TrainOptions::doctor runs on the CPU only for now; drop --doctor or use --device cpu");
 }
 
+// What --fsdp does not combine with yet, each refused with what to do instead.
+void validate_fsdp(const TrainOptions& o) {
+  if (!o.fsdp()) return;
+  TORCH_CHECK(
+      o.opt_level() == OptLevel::O0 || o.opt_level() == OptLevel::O1, "TrainOptions::fsdp with ",
+      to_string(o.opt_level()),
+      ": FSDP keeps FP32 shards itself, so apex's FP32 masters (O2) and a low-precision model (O3) do not apply; "
+      "use -O0 or -O1 (autocast)");
+  TORCH_CHECK(!o.zero(), "TrainOptions::fsdp already shards the optimizer state; drop --zero");
+  TORCH_CHECK(
+      o.checkpoint_dir().empty() && !o.resume() && o.resume_from().empty(),
+      "TrainOptions::fsdp does not write or resume checkpoints yet; drop --checkpoint-dir/--resume/--resume-from "
+      "(the library's FullyShardedDataParallel::save_full and save_sharded write them)");
+  TORCH_CHECK(
+      !o.doctor() && !o.profile(),
+      "TrainOptions::fsdp: --doctor and --profile read whole gradients and parameters, which FSDP does not keep; "
+      "drop them");
+  TORCH_CHECK(o.device() == "cpu", "TrainOptions::fsdp runs on the CPU (Gloo) for now; use --device cpu");
+}
+
 void validate_run_and_outputs(const TrainOptions& o) {
   TORCH_CHECK(o.threads() >= 0 && o.threads() <= 1024,
               "TrainOptions::threads must be 0 (automatic) or a count from 1 to 1024, got ", o.threads());
@@ -107,6 +127,7 @@ void validate(const TrainOptions& options) {
   validate_optimization(options);
   validate_run_and_outputs(options);
   validate_device(options);
+  validate_fsdp(options);
 }
 
 torch::Device device_of(const TrainOptions& options) { return torch::Device(options.device()); }

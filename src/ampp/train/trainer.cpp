@@ -2,6 +2,7 @@
 // amp, sampler), resume, run the epochs (steps, evaluation, checkpoints), write the outputs.
 #include <ampp/amp/initialize.h>
 #include <ampp/dist/ddp.h>
+#include <ampp/dist/fully_shard.h>
 #include <ampp/dist/heartbeat.h>
 #include <ampp/dist/hierarchical_allreduce.h>
 #include <ampp/dist/process_group.h>
@@ -174,6 +175,22 @@ torch::optim::SGDOptions sgd_options(const TrainOptions& o) {
   return torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay());
 }
 
+// TrainOptions::fsdp with several workers: the model sharded, its sharding_units() the units. Before the
+// optimizer, which steps the shards. Resume is refused with FSDP, so the weights are the seeded ones.
+std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
+                                                          const std::shared_ptr<ClassifierImpl>& model,
+                                                          const dist::ProcessGroup& pg) {
+  if (!o.fsdp() || !pg) return nullptr;
+  return std::make_unique<dist::FullyShardedDataParallel>(model, model->sharding_units(),
+                                                          dist::FullyShardOptions().process_group(pg));
+}
+
+// The model's forward, through FSDP when the model is sharded.
+struct ShardedForward {
+  dist::FullyShardedDataParallel* fsdp;
+  torch::Tensor forward(const torch::Tensor& x) { return fsdp->forward<ClassifierImpl>(x); }
+};
+
 // SGD as the seeds use it; with TrainOptions::zero and several workers, its state sharded over them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
                                                         const dist::ProcessGroup& pg) {
@@ -213,7 +230,8 @@ struct Run {
         per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
         model_options(model_options_for(data.train, o)),
         model(seeded_model(o, model_options)),
-        optimizer_holder(make_optimizer(model->parameters(), o, workers.pg)),
+        fsdp(make_fsdp(o, model, workers.pg)),
+        optimizer_holder(make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg)),
         optimizer(*optimizer_holder),
         amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
         buffer_guard(*model),  // after initialize(), which may cast the buffers
@@ -224,6 +242,7 @@ struct Run {
                 " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
     TORCH_CHECK(device.is_cpu() || workers.world == 1, "TrainOptions::device '", o.device(), "' with ", workers.world,
                 " workers: DDP over NCCL is not built yet; use one worker (--nproc 1) or --device cpu");
+    if (fsdp) amp.set_found_inf_reducer(fsdp->found_inf_hook());  // each rank unscales only its shards
   }
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
@@ -247,6 +266,7 @@ struct Run {
   int64_t per_rank_batch;
   ModelOptions model_options;
   std::shared_ptr<ClassifierImpl> model;
+  std::unique_ptr<dist::FullyShardedDataParallel> fsdp;       // TrainOptions::fsdp with several workers, else null
   std::unique_ptr<torch::optim::Optimizer> optimizer_holder;  // SGD, or a ZeroRedundancyOptimizer around it
   torch::optim::Optimizer& optimizer;
   Amp amp;
@@ -491,7 +511,9 @@ Evaluation evaluate(Run& run) {
     torch::Tensor logits;
     {
       auto region = run.amp.autocast();
-      logits = run.amp.cast_output(run.model->forward(run.amp.cast_input(x))).to(torch::kFloat32);
+      auto input = run.amp.cast_input(x);
+      logits = run.fsdp ? run.fsdp->forward<ClassifierImpl>(input) : run.model->forward(input);
+      logits = run.amp.cast_output(logits).to(torch::kFloat32);
     }
     loss_sum += classification_loss(logits, y, torch::kSum).item<double>();
     correct += correct_predictions(logits, y);
@@ -527,14 +549,15 @@ struct StepResult {
 };
 
 // Module paths of the parameters whose gradients hold inf/NaN. Only after a skipped step (one pass
-// over the gradients): the model's own gradients at every opt level (O2's masters are copies).
-std::vector<std::string> non_finite_gradient_names(const torch::nn::Module& model) {
+// over the gradients): the model's own gradients at every opt level (O2's masters are copies), or under
+// FSDP this rank's shards of them.
+std::vector<std::string> non_finite_gradient_names(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
   std::vector<std::string> keys;
   std::vector<torch::Tensor> grads;
-  for (const auto& p : model.named_parameters()) {
-    if (!p.value().grad().defined()) continue;
-    keys.push_back(p.key());
-    grads.push_back(p.value().grad());
+  for (const auto& [name, p] : named) {
+    if (!p.grad().defined()) continue;
+    keys.push_back(name);
+    grads.push_back(p.grad());
   }
   if (grads.empty()) return {};
   // The fused pass with inv_scale 1 reads every gradient once and writes nothing; its per-tensor flags
@@ -597,6 +620,24 @@ void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
 }
 
 // The last backward's wait for its buckets' allreduce, after autograd finished (reducer.h).
+// Whether every rank's gradients are finite. Under FSDP each rank holds only its shards, so the ranks agree
+// (one allreduce), as they do on a loss scaler's overflow; with DDP the gradients are alike everywhere.
+bool gradients_finite_everywhere(Run& run) {
+  const bool finite = !numerics::has_non_finite(gradients_of(run.amp.master_params()));
+  if (!run.fsdp) return finite;
+  auto flag = torch::tensor({finite ? 0.0 : 1.0}, torch::kFloat64);
+  allreduce_sum(run.workers.pg, flag);
+  return flag.item<double>() == 0.0;
+}
+
+// The tensors whose gradients the step reads, by parameter name: the model's, or this rank's FSDP shards.
+std::vector<std::pair<std::string, torch::Tensor>> named_gradient_holders(const Run& run) {
+  if (run.fsdp) return run.fsdp->named_parameters();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& p : run.model->named_parameters()) named.emplace_back(p.key(), p.value());
+  return named;
+}
+
 double allreduce_wait_seconds(Ddp& ddp) {
   const dist::IterationTimeline t = ddp.reducer().last_timeline();
   return std::chrono::duration<double>(t.finalize_end - t.finalize_begin).count();
@@ -606,7 +647,10 @@ StepResult train_step(Run& run, const Batch& batch) {
   Amp& amp = run.amp;
   amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/amp.h)
   run.buffer_guard.save();
-  torch::Tensor logits = run.ddp ? amp.forward(*run.ddp, batch.data) : amp.forward(run.model, batch.data);
+  ShardedForward sharded{run.fsdp.get()};
+  torch::Tensor logits = run.ddp    ? amp.forward(*run.ddp, batch.data)
+                         : run.fsdp ? amp.forward(sharded, batch.data)
+                                    : amp.forward(run.model, batch.data);
   logits = logits.to(torch::kFloat32);
   auto loss = classification_loss(logits, batch.target);
   auto scaled = amp.scale_loss(maybe_inject_inf(run, loss));
@@ -618,12 +662,17 @@ StepResult train_step(Run& run, const Batch& batch) {
   // Without a loss scaler nothing has checked the gradients, and one inf/NaN would reach every
   // weight: skip the step as the scaler would (check_divergence counts it). With DDP the gradients
   // are already averaged, so every rank decides alike.
-  const bool may_step = amp.checks_overflow() || !numerics::has_non_finite(gradients_of(amp.master_params()));
+  const bool may_step = amp.checks_overflow() || gradients_finite_everywhere(run);
   // Where it overflowed, read before step(), which drops the gradients of a skipped step (as apex).
   const bool skips = !may_step || amp.step_will_skip();
-  std::vector<std::string> overflowed = skips ? non_finite_gradient_names(*run.model) : std::vector<std::string>{};
-  if (may_step && run.o.clip_grad_norm() > 0)
-    torch::nn::utils::clip_grad_norm_(amp.master_params(), run.o.clip_grad_norm());
+  std::vector<std::string> overflowed =
+      skips ? non_finite_gradient_names(named_gradient_holders(run)) : std::vector<std::string>{};
+  if (may_step && run.o.clip_grad_norm() > 0) {
+    if (run.fsdp)
+      run.fsdp->clip_grad_norm_(run.o.clip_grad_norm());  // the global norm over every rank's shards
+    else
+      torch::nn::utils::clip_grad_norm_(amp.master_params(), run.o.clip_grad_norm());
+  }
   const bool stepped = may_step && amp.step();
   run.buffer_guard.restore_if_non_finite();  // also after a taken step: x*x can overflow while x did not
   if (run.ranges && !stepped && run.first_non_finite.is_null()) locate_first_non_finite(run, batch, scaled.scale());
@@ -902,6 +951,13 @@ void open_outputs(Run& run) {
     run.say(fmt::format("ampp train: the validation text's unigram baseline loss is {:.4f} (perplexity {:.2f})",
                         *run.data.unigram_loss, std::exp(*run.data.unigram_loss)));
   if (!run.communication.empty()) run.say(run.communication);
+  if (run.fsdp)
+    run.say(
+        fmt::format("FSDP: {} workers each keep 1/{} of the parameters, gradients and momentum; {} unit(s) "
+                    "gathered one at a time",
+                    run.workers.world, run.workers.world, run.model->sharding_units().size() + 1));
+  if (run.o.fsdp() && run.workers.world == 1)
+    run.say("ampp train: note: --fsdp shards the model over the workers, and this run has one: it trains unsharded");
   if (run.o.zero() && run.workers.world == 1)
     run.say(
         "ampp train: note: --zero shards the optimizer state over the workers, and this run has one: the state "
@@ -1076,7 +1132,7 @@ Summary train(const TrainOptions& options) {
   resume_from_pytorch(run);
   if (run.resumed && nothing_left(run)) return finish_finished_run(run);
   // DDP after the resume, so its construction broadcast starts every rank from the loaded weights.
-  if (run.workers.world > 1) start_ddp(run);
+  if (run.workers.world > 1 && !run.fsdp) start_ddp(run);
   run.started = Clock::now();
   dist::report_progress(run.position.global_step);  // watched by the launcher from here on
   open_outputs(run);
@@ -1097,6 +1153,8 @@ Summary train(const TrainOptions& options) {
     summary.memory = measure_memory(*run.model, run.optimizer, zero ? zero->local_optimizer() : run.optimizer,
                                     run.amp.master_gradient_buffers(), run.data, *tracker);
   }
+  // The whole model back in the module (FP32 under FSDP's default policy), for the checks and model.pt.
+  if (run.fsdp) run.fsdp->unshard();
   const bool weights_finite = check_finite_weights(run);  // each may stop the run
   const bool loss_finite = check_final_loss(run);
   write_outputs(run, summary, weights_finite && loss_finite);

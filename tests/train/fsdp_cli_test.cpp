@@ -1,0 +1,68 @@
+// `ampp train --fsdp`: two workers with the model fully sharded between them (the GPT's blocks and the
+// ResNet's stages as units, the CNN as one unit) train the model DDP trains, bit for bit (2 ranks: the
+// average of two gradients is exact both ways); what it does not combine with is refused by name.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "ampp_test.h"
+#include "train_cli.h"
+
+namespace {
+
+namespace fs = ampp_test::fs;
+using ampp_test::expect_same_model;
+
+std::string run_line(const fs::path& dir, const std::string& model, const std::string& extra) {
+  std::string data = "--data synthetic:256";
+  if (model == "gpt-tiny") {
+    std::string text;
+    for (int i = 0; text.size() < 16000; ++i) text += "the cat sat on the mat " + std::to_string(i % 97) + ".\n";
+    std::ofstream(dir / "text.txt") << text;
+    data = "--data text:" + (dir / "text.txt").string() + " --context 32 --n-embd 64";
+  }
+  return "train --model " + model + " " + data +
+         " --batch-size 32 --deterministic --threads 1 --quiet --no-plots --out " + (dir / "out").string() + " " +
+         extra;
+}
+
+void check_fsdp_trains_as_ddp(const std::string& model, const std::string& precision) {
+  ampp_test::TempDir tmp;
+  for (const std::string& name : {"ddp", "fsdp"}) {
+    fs::create_directories(tmp.path() / name);
+    const auto r = ampp_test::run_ampp(run_line(tmp.path() / name, model,
+                                                "--nproc 2 --steps 8 " + precision + (name == "fsdp" ? " --fsdp" : "")));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  expect_same_model(tmp.path() / "ddp" / "out" / "model.pt", tmp.path() / "fsdp" / "out" / "model.pt");
+}
+
+TEST(FsdpCli, TheGptsBlocksShardedTrainAsDdpInBf16) { check_fsdp_trains_as_ddp("gpt-tiny", "--opt-level O1 --dtype bf16"); }
+
+TEST(FsdpCli, TheResNetsStagesShardedTrainAsDdpInFp32) { check_fsdp_trains_as_ddp("resnet", "--opt-level O0"); }
+
+TEST(FsdpCli, TheCnnAsOneUnitTrainsAsDdpWithLossScaling) { check_fsdp_trains_as_ddp("cnn", "--opt-level O1 --dtype fp16"); }
+
+TEST(FsdpCli, WhatItDoesNotCombineWithIsRefusedByName) {
+  ampp_test::TempDir tmp;
+  const auto o2 = ampp_test::run_ampp(run_line(tmp.path(), "cnn", "--nproc 1 --fsdp --opt-level O2"));
+  EXPECT_NE(o2.code, 0);
+  EXPECT_NE(o2.output.find("use -O0 or -O1"), std::string::npos) << o2.output;
+  const auto ckpt = ampp_test::run_ampp(
+      run_line(tmp.path(), "cnn", "--nproc 1 --fsdp --checkpoint-dir " + (tmp.path() / "ckpt").string()));
+  EXPECT_NE(ckpt.code, 0);
+  EXPECT_NE(ckpt.output.find("does not write or resume checkpoints yet"), std::string::npos) << ckpt.output;
+}
+
+TEST(FsdpCli, OneWorkerIsToldThatNothingIsSharded) {
+  ampp_test::TempDir tmp;
+  auto line = run_line(tmp.path(), "cnn", "--nproc 1 --steps 1 --fsdp");
+  line.replace(line.find(" --quiet"), 8, "");  // the note is progress output
+  const auto r = ampp_test::run_ampp(line);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--fsdp shards the model over the workers, and this run has one"), std::string::npos)
+      << r.output;
+}
+
+}  // namespace
