@@ -194,8 +194,8 @@ Result worst(const std::vector<Result>& rs) {
   return w;
 }
 
-// The parameter bytes the ideal FSDP rank holds at rest: its 1/N of parameters, gradients and Adam's two
-// moments (4 FP32 copies), as a fraction of DDP's whole copies.
+// The two configurations side by side. The ideal FSDP rank holds at rest 1/N of the parameters, gradients
+// and Adam's two moments (4 FP32 copies of the model).
 void print_comparison(const std::vector<Result>& ddp, const std::vector<Result>& fsdp, int64_t params,
                       int64_t largest_unit) {
   const Result d = worst(ddp), f = worst(fsdp);
@@ -204,11 +204,12 @@ void print_comparison(const std::vector<Result>& ddp, const std::vector<Result>&
   for (const auto& [name, r] : {std::pair{"DDP", d}, std::pair{"FSDP", f}})
     fmt::print("{:<6} {:>12.1f} {:>12.1f} {:>12.1f} {:>10.1f}\n", name, r.at_rest_mb, r.peak_mb, r.peak_rss_mb,
                r.step_ms);
-  const double whole = mb(params * 4 * 4), ideal = whole / kWorld;
+  const double whole = mb(params * 4 * 4);
   fmt::print(
-      "FSDP/DDP: at rest {:.3f}x (parameters+gradients+Adam: {:.1f} MiB whole, ideal {:.1f} MiB = 1/{} + "
-      "{:.1f} MiB for a gathered unit), step peak {:.3f}x, peak RSS {:.3f}x, step time {:.3f}x\n",
-      f.at_rest_mb / d.at_rest_mb, whole, ideal, kWorld, mb(largest_unit * 4 * 2), f.peak_mb / d.peak_mb,
+      "FSDP/DDP: at rest {:.3f}x (the parameters, gradients and Adam's two moments are {:.1f} MiB whole, "
+      "FSDP's ideal 1/{} of them {:.1f} MiB; DDP adds its gradient buckets), step peak {:.3f}x (FSDP's with "
+      "a gathered unit: {:.1f} MiB with its gradient), peak RSS {:.3f}x, step time {:.3f}x\n",
+      f.at_rest_mb / d.at_rest_mb, whole, kWorld, whole / kWorld, f.peak_mb / d.peak_mb, mb(largest_unit * 4 * 2),
       f.peak_rss_mb / d.peak_rss_mb, f.step_ms / d.step_ms);
   int equal = 0, compared = 0;
   for (int rank = 0; rank < kWorld; ++rank)

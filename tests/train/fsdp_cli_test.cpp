@@ -31,18 +31,22 @@ void check_fsdp_trains_as_ddp(const std::string& model, const std::string& preci
   ampp_test::TempDir tmp;
   for (const std::string& name : {"ddp", "fsdp"}) {
     fs::create_directories(tmp.path() / name);
-    const auto r = ampp_test::run_ampp(run_line(tmp.path() / name, model,
-                                                "--nproc 2 --steps 8 " + precision + (name == "fsdp" ? " --fsdp" : "")));
+    const auto r = ampp_test::run_ampp(
+        run_line(tmp.path() / name, model, "--nproc 2 --steps 8 " + precision + (name == "fsdp" ? " --fsdp" : "")));
     ASSERT_EQ(r.code, 0) << r.output;
   }
   expect_same_model(tmp.path() / "ddp" / "out" / "model.pt", tmp.path() / "fsdp" / "out" / "model.pt");
 }
 
-TEST(FsdpCli, TheGptsBlocksShardedTrainAsDdpInBf16) { check_fsdp_trains_as_ddp("gpt-tiny", "--opt-level O1 --dtype bf16"); }
+TEST(FsdpCli, TheGptsBlocksShardedTrainAsDdpInBf16) {
+  check_fsdp_trains_as_ddp("gpt-tiny", "--opt-level O1 --dtype bf16");
+}
 
 TEST(FsdpCli, TheResNetsStagesShardedTrainAsDdpInFp32) { check_fsdp_trains_as_ddp("resnet", "--opt-level O0"); }
 
-TEST(FsdpCli, TheCnnAsOneUnitTrainsAsDdpWithLossScaling) { check_fsdp_trains_as_ddp("cnn", "--opt-level O1 --dtype fp16"); }
+TEST(FsdpCli, TheCnnAsOneUnitTrainsAsDdpWithLossScaling) {
+  check_fsdp_trains_as_ddp("cnn", "--opt-level O1 --dtype fp16");
+}
 
 TEST(FsdpCli, WhatItDoesNotCombineWithIsRefusedByName) {
   ampp_test::TempDir tmp;
