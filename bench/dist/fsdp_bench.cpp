@@ -8,7 +8,9 @@
 // Then, with --limit-mb M, both train again under an OS limit (RLIMIT_DATA) of M MiB of new data per
 // rank, set after the model is built: DDP fails where FSDP trains.
 //
-//   build/bin/ampp_fsdp_bench [--steps N] [--limit-mb M]
+// Collectives through shared memory (DDP with the hook ampp train uses, FSDP's default), or --gloo for both.
+//
+//   build/bench/dist/ampp_fsdp_bench [--steps N] [--limit-mb M] [--gloo]
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +29,7 @@
 
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/fully_shard.h>
+#include <ampp/dist/shared_memory_allreduce.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/gpt.h>
 #include <ampp/train/metrics.h>
@@ -73,7 +76,7 @@ torch::Tensor tokens_of(int step, int rank) {
 }
 
 // Trains `steps` steps with DDP or FSDP; stops at the first allocation the limit refuses.
-Result run_rank(bool fsdp, int rank, int port, int steps, double limit_mb) {
+Result run_rank(bool fsdp, int rank, int port, int steps, double limit_mb, bool gloo) {
   at::set_num_threads(1);
   ampp::train::return_freed_memory();  // both configurations: the process size follows the live tensors
   auto& tracker = ampp::TensorMemoryTracker::install();
@@ -88,10 +91,11 @@ Result run_rank(bool fsdp, int rank, int port, int steps, double limit_mb) {
   std::vector<torch::Tensor> params;
   if (fsdp) {
     sharded = std::make_unique<FullyShardedDataParallel>(model, model->sharding_units(),
-                                                         FullyShardOptions().process_group(pg));
+                                                         FullyShardOptions().process_group(pg).shared_memory(!gloo));
     params = sharded->parameters();
   } else {
     ddp = std::make_unique<DistributedDataParallel<std::shared_ptr<ampp::train::ClassifierImpl>>>(model, pg);
+    if (!gloo) ddp->register_comm_hook(shared_memory_allreduce_hook(pg));  // as ampp train's DDP
     params = model->parameters();
   }
   torch::optim::Adam opt(params, torch::optim::AdamOptions(1e-4));
@@ -145,7 +149,7 @@ Result parse(const std::string& text) {
 
 // Forks the ranks of one configuration; each writes its Result into a file the parent reads. A rank that
 // fails (out of memory under the limit) makes the configuration fail: the parent stops the others.
-std::vector<Result> run_config(bool fsdp, int steps, double limit_mb) {
+std::vector<Result> run_config(bool fsdp, int steps, double limit_mb, bool gloo) {
   static int runs = 0;
   const int port = 29700 + static_cast<int>(::getpid() % 1000) * 4 + runs++;
   std::vector<pid_t> pids;
@@ -153,7 +157,7 @@ std::vector<Result> run_config(bool fsdp, int steps, double limit_mb) {
   for (int rank = 0; rank < kWorld; ++rank) {
     const pid_t pid = ::fork();
     if (pid == 0) {
-      const Result r = run_rank(fsdp, rank, port, steps, limit_mb);
+      const Result r = run_rank(fsdp, rank, port, steps, limit_mb, gloo);
       std::ofstream(fmt::format("/tmp/ampp_fsdp_bench.{}.{}", ::getppid(), rank)) << serialise(r);
       std::_Exit(0);
     }
@@ -223,14 +227,17 @@ void print_comparison(const std::vector<Result>& ddp, const std::vector<Result>&
 int main(int argc, char** argv) {
   int steps = 20;
   double limit_mb = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool gloo = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--steps")
-      steps = std::stoi(argv[i + 1]);
-    else if (flag == "--limit-mb")
-      limit_mb = std::stod(argv[i + 1]);
+    if (flag == "--gloo")
+      gloo = true;
+    else if (flag == "--steps" && i + 1 < argc)
+      steps = std::stoi(argv[++i]);
+    else if (flag == "--limit-mb" && i + 1 < argc)
+      limit_mb = std::stod(argv[++i]);
     else
-      TORCH_CHECK(false, "usage: ampp_fsdp_bench [--steps N] [--limit-mb M]");
+      TORCH_CHECK(false, "usage: ampp_fsdp_bench [--steps N] [--limit-mb M] [--gloo]");
   }
   TORCH_CHECK(steps >= 2, "--steps must be at least 2 (the first step is not timed)");
   torch::manual_seed(0);
@@ -247,13 +254,15 @@ int main(int argc, char** argv) {
       "batch {} per rank, {} steps (the first untimed)\n",
       gpt().n_layer(), gpt().n_embd(), gpt().context(), gpt().vocab_size(), static_cast<double>(params) / 1e6, kWorld,
       kBatch, steps);
-  const auto ddp = run_config(false, steps, 0), fsdp = run_config(true, steps, 0);
+  fmt::print("collectives: {}\n",
+             gloo ? "Gloo (--gloo)" : "shared memory (DDP's hook as in ampp train; FSDP's default)");
+  const auto ddp = run_config(false, steps, 0, gloo), fsdp = run_config(true, steps, 0, gloo);
   print_comparison(ddp, fsdp, params, largest_unit);
   if (limit_mb <= 0) return 0;
   fmt::print("\nunder a limit of {:.0f} MiB of new data per rank (RLIMIT_DATA, set after the model is built):\n",
              limit_mb);
   for (bool sharded : {false, true}) {
-    const auto results = run_config(sharded, steps, limit_mb);
+    const auto results = run_config(sharded, steps, limit_mb, gloo);
     fmt::print("{:<5} {}\n", sharded ? "FSDP" : "DDP",
                results[0].out_of_memory ? "failed: out of memory (its error is above)"
                                         : fmt::format("trained {} steps, peak RSS {:.1f} MiB", results[0].steps_done,

@@ -63,6 +63,10 @@ TEST(FullyShard, KeepingUnitsGatheredFromForwardToBackwardTrainsTheSame) {
   check_equal_to_ddp(2, true, FullyShardOptions().reshard_after_forward(false));
 }
 
+TEST(FullyShard, ThroughTheBackendInsteadOfSharedMemoryTrainsTheSame) {
+  check_equal_to_ddp(2, true, FullyShardOptions().shared_memory(false));
+}
+
 TEST(FullyShard, AModelThatNeverEntersItsUnitsTrainsTheSame) { check_equal_to_ddp(2, false, FullyShardOptions()); }
 
 TEST(FullyShard, EachRankHoldsItsRowsAndTheModuleHoldsNoMemoryBetweenSteps) {

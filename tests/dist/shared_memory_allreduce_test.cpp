@@ -3,6 +3,7 @@
 // DDP through both gives Gloo's gradients and buffers bit for bit on 2 ranks; a rank that stops is an
 // error after the group's timeout, not a hang.
 #include <ampp/dist/shared_memory_allreduce.h>
+#include <ampp/util/torch_version.h>
 
 #include "dist/ddp_test_util.h"
 
@@ -53,6 +54,51 @@ std::vector<torch::Tensor> broadcast_values(int root, int call) {
   floats[1] = std::numeric_limits<float>::quiet_NaN();
   return {floats, torch::randint(1 << 30, {}, torch::kLong), torch::randn({5, 3}).to(torch::kBFloat16),
           torch::randint(2, {11}).to(torch::kBool), torch::randn({3, 4}, torch::kDouble)};
+}
+
+// FSDP's collectives (fully_shard.h): pieces of at most a slot (1 KiB here) for sizes that do and do not fill
+// one, every rank's bits gathered, each rank's row summed in rank order, and the reduce-scatter equal to Gloo's
+// on the same inputs.
+TEST(SharedMemoryAllreduce, AllGatherAndReduceScatterMoveAnySizeInPieces) {
+  on_ranks(3, [&](int rank, const ProcessGroup& pg) {
+    SharedMemoryAllreduce shm(pg, 1024);
+    for (int call = 0; call < 12; ++call) {
+      const auto dtype = call % 3 == 0 ? torch::kBFloat16 : torch::kFloat32;
+      const int64_t numel = 1 + (call * 331) % 1500;
+      auto mine = contribution(rank, call, numel, dtype);
+      auto all = torch::empty({3, numel}, mine.options());
+      shm.all_gather_(mine, all);
+      for (int r = 0; r < 3; ++r)
+        EXPECT_TRUE(torch::equal(all[r], contribution(r, call, numel, dtype))) << "call " << call << " rank " << r;
+      std::vector<torch::Tensor> rows;
+      for (int r = 0; r < 3; ++r) rows.push_back(contribution(r, 100 + call, 3 * numel, dtype).view({3, numel})[rank]);
+      auto input = contribution(rank, 100 + call, 3 * numel, dtype).view({3, numel});
+      auto out = torch::empty({numel}, input.options());
+      shm.reduce_scatter_sum_(input, out);
+      const bool widen = dtype == torch::kBFloat16;
+      auto expected = rows[0].to(widen ? torch::kFloat32 : dtype);
+      for (int r = 1; r < 3; ++r) expected.add_(rows[r]);
+      EXPECT_TRUE(torch::equal(out, expected.to(dtype))) << "call " << call;
+    }
+  });
+}
+
+TEST(SharedMemoryAllreduce, ReduceScatterIsGloosBitForBitOnTwoRanks) {
+#if !AMPP_TORCH_AT_LEAST(2, 0)
+  GTEST_SKIP() << "LibTorch 1.x's Gloo has no reduce_scatter to compare with";
+#endif
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    SharedMemoryAllreduce shm(pg, 4096);
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      auto input = contribution(rank, 7, 2 * 3000, dtype).view({2, 3000});
+      auto ours = torch::empty({3000}, input.options());
+      shm.reduce_scatter_sum_(input, ours);
+      std::vector<torch::Tensor> gloo{torch::empty({3000}, input.options())};
+      std::vector<std::vector<torch::Tensor>> in{input.unbind(0)};
+      pg.c10d()->reduce_scatter(gloo, in)->wait();
+      EXPECT_TRUE(torch::equal(ours, gloo[0])) << dtype;
+    }
+  });
 }
 
 TEST(SharedMemoryAllreduce, BroadcastGivesEveryRankTheRootsTensorsBitForBit) {

@@ -33,6 +33,15 @@ class SharedMemoryAllreduce {
   // place: root copies them into its slot one after another, the others copy them out after the
   // barrier. The same calling rules as sum_ (every rank, same order, same sizes and dtypes).
   void broadcast_(const std::vector<torch::Tensor>& tensors, int root);
+  // Every rank's `mine` (contiguous CPU, the same size on every rank) into row r of `all` ([world, ...mine's
+  // shape], contiguous): an all-gather of bits, any dtype, in pieces of at most capacity_bytes(). The same
+  // calling rules as sum_.
+  void all_gather_(const torch::Tensor& mine, torch::Tensor& all);
+  // Row `rank` of the sum over the ranks of `input` ([world, n], contiguous CPU) into `output` ([n]): a
+  // reduce-scatter, summed in rank order (16-bit floats in fp32, rounded once), so bit-identical to Gloo's for 2
+  // ranks. In pieces of [world, columns] that fill a slot; each rank adds only its own row. The same calling
+  // rules as sum_.
+  void reduce_scatter_sum_(const torch::Tensor& input, torch::Tensor& output);
   int64_t capacity_bytes() const;
   // The bytes broadcast_ needs for `tensors` (each starts on a cache line).
   static int64_t broadcast_bytes(const std::vector<torch::Tensor>& tensors);

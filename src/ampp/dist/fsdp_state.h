@@ -20,6 +20,8 @@ class FsdpState {
   void shard_parameters(const std::vector<std::shared_ptr<torch::nn::Module>>& unit_modules);
   // Makes unit_forward find the units by their modules.
   void register_units(const std::vector<std::shared_ptr<torch::nn::Module>>& unit_modules);
+  // FullyShardOptions::shared_memory: every rank on this machine and on the CPU (a collective).
+  void use_shared_memory_if_local();
   void pre_root_forward();
   // The engine's end-of-backward callback: what the units did not reduce yet, then every unit resharded.
   void end_backward();

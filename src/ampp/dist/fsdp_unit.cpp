@@ -13,16 +13,41 @@ constexpr int64_t kAlignBytes = 16;  // every parameter's bytes start aligned, s
 
 int64_t aligned(int64_t bytes) { return (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
 
+// Each slot of the shared-memory segment (FullyShardOptions::shared_memory): the collectives move larger
+// tensors in pieces, so the segment (2 x world slots) stays this size whatever the units' size.
+constexpr int64_t kSegmentBytes = int64_t{4} << 20;
+
 // Rank r's chunk of `p` inside `bytes` (a rank's all-gather chunk), as [rows_per_rank, row_numel].
 torch::Tensor chunk_in(const torch::Tensor& bytes, const ShardedParam& p, int64_t offset) {
   const int64_t n = p.chunk_numel() * c10::elementSize(p.gathered);
   return bytes.narrow(0, offset, n).view(p.gathered).view({p.rows_per_rank, p.row_numel});
 }
 
+// Every rank's `mine` (bytes) into the rows of `all` [world, n].
+void all_gather_bytes(const FsdpContext& context, const torch::Tensor& mine, torch::Tensor& all) {
+  const auto& group = context.group;
+  if (group.size() == 1) {
+    all[0].copy_(mine);
+  } else if (context.shared_memory) {
+    sized_segment(*context.shared_memory, group, std::min(mine.numel(), kSegmentBytes), kSegmentBytes)
+        .all_gather_(mine, all);
+  } else {
+    std::vector<std::vector<torch::Tensor>> out{all.unbind(0)};
+    std::vector<torch::Tensor> in{mine};
+    group.c10d()->allgather(out, in)->wait();
+  }
+}
+
 // Sum over the ranks of `input` [world, n], rank r receiving row r (c10d's reduce_scatter; LibTorch 1.x's
 // Gloo has none, so there it is an allreduce of the whole, in float32 for Gloo's sake).
-torch::Tensor reduce_scatter_sum(const ProcessGroup& group, const torch::Tensor& input) {
+torch::Tensor reduce_scatter_sum(const FsdpContext& context, const torch::Tensor& input) {
+  const auto& group = context.group;
   if (group.size() == 1) return input[0];
+  if (context.shared_memory) {
+    auto out = torch::empty({input.size(1)}, input.options());
+    sized_segment(*context.shared_memory, group, kSegmentBytes, kSegmentBytes).reduce_scatter_sum_(input, out);
+    return out;
+  }
 #if AMPP_TORCH_AT_LEAST(2, 0)
   std::vector<torch::Tensor> out{torch::empty({input.size(1)}, input.options())};
   std::vector<std::vector<torch::Tensor>> in{input.unbind(0)};
@@ -88,13 +113,7 @@ void FsdpUnit::unshard() {
   for (size_t i = 0; i < params_.size(); ++i)
     chunk_in(mine, *params_[i], byte_offsets_[i]).copy_(params_[i]->padded.view({params_[i]->rows_per_rank, -1}));
   auto all = torch::empty({world, chunk_bytes_}, mine.options());
-  if (world == 1) {
-    all[0].copy_(mine);
-  } else {
-    std::vector<std::vector<torch::Tensor>> out{all.unbind(0)};
-    std::vector<torch::Tensor> in{mine};
-    group.c10d()->allgather(out, in)->wait();
-  }
+  all_gather_bytes(*context_, mine, all);
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& p = *params_[i];
     allocate_storage(p.param);
@@ -156,7 +175,7 @@ void FsdpUnit::reduce_group(const std::vector<ShardedParam*>& params, c10::Scala
   }
   const auto [pre, post] = divide_factors(reduce_dtype, world);
   if (pre != 1) input.div_(pre);
-  auto output = reduce_scatter_sum(group, input);
+  auto output = reduce_scatter_sum(*context_, input);
   if (post != 1) output.div_(post);
   offset = 0;
   for (auto* p : params) {

@@ -2,6 +2,7 @@
 // Internal to ampp: FSDP's sharded parameters and units (fully_shard.h). A ShardedParam is one module
 // parameter split along dim 0; an FsdpUnit gathers, frees and reduce-scatters a set of them together.
 #include <ampp/dist/fully_shard.h>
+#include <ampp/dist/shared_memory_allreduce.h>
 
 #include <torch/torch.h>
 
@@ -39,6 +40,9 @@ struct ShardedParam {
 struct FsdpContext {
   ProcessGroup group;
   FullyShardOptions options;
+  // The shared-memory segment the collectives go through (FullyShardOptions::shared_memory), grown on demand;
+  // null: the backend's collectives.
+  std::shared_ptr<std::unique_ptr<SharedMemoryAllreduce>> shared_memory;
   // Called from a gradient hook during backward: the owner queues its end-of-backward callback once.
   std::function<void()> on_backward;
 };

@@ -1,6 +1,7 @@
 // FullyShardedDataParallel: sharding a module's parameters into units, the registry unit_forward looks
 // units up in, the root's forward and end-of-backward bookkeeping, and the sharded gradient clipping.
 #include <ampp/dist/fully_shard.h>
+#include <ampp/dist/hierarchical_allreduce.h>
 #include <ampp/dist/reducer.h>
 #include <ampp/util/batch_norm_like.h>
 
@@ -166,6 +167,19 @@ FsdpState::~FsdpState() {
   for (const auto* m : registered) registry().erase(m);
 }
 
+void FsdpState::use_shared_memory_if_local() {
+  const auto& group = context.group;
+  if (!context.options.shared_memory() || group.size() == 1) return;
+  bool on_cpu = true;
+  for (const auto& p : root->parameters()) on_cpu = on_cpu && p.device().is_cpu();
+  // Every rank must take the same path: the machines are counted collectively, the devices agreed on.
+  auto votes = torch::tensor({on_cpu ? 0 : 1}, torch::kInt);
+  std::vector<torch::Tensor> io{votes};
+  group.c10d()->allreduce(io)->wait();
+  if (votes.item<int>() == 0 && group_by_machine(group).machines() == 1)
+    context.shared_memory = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
+}
+
 void FsdpState::pre_root_forward() {
   // The first forward gathers every unit (a unit the model does not enter through unit_forward would
   // otherwise run on freed memory); later ones leave the units it entered to unit_forward.
@@ -197,6 +211,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Mo
   auto tensors = s.root->parameters();
   for (const auto& b : s.root->buffers()) tensors.push_back(b);
   if (s.context.group.size() > 1) broadcast_coalesced(s.context.group, tensors, 25 << 20);
+  s.use_shared_memory_if_local();
   s.shard_parameters(units);
   s.register_units(units);
   std::weak_ptr<detail::FsdpState> weak = state_;

@@ -208,6 +208,56 @@ void SharedMemoryAllreduce::broadcast_(const std::vector<torch::Tensor>& tensors
   }
 }
 
+// Both move their data in pieces of at most a slot: the segment stays small whatever the tensors' size.
+void SharedMemoryAllreduce::all_gather_(const torch::Tensor& mine, torch::Tensor& all) {
+  Segment& s = *segment_;
+  const int world = s.group.size();
+  TORCH_CHECK(mine.is_contiguous() && all.is_contiguous() && mine.device().is_cpu() && all.device().is_cpu() &&
+                  all.numel() == mine.numel() * world && all.scalar_type() == mine.scalar_type(),
+              "SharedMemoryAllreduce::all_gather_ takes contiguous CPU tensors, `all` world times `mine`'s size");
+  const int64_t bytes = mine.numel() * mine.element_size();
+  const auto* in = static_cast<const char*>(mine.data_ptr());
+  auto* out = static_cast<char*>(all.data_ptr());
+  for (int64_t begin = 0; begin < bytes; begin += s.capacity) {
+    const auto piece = static_cast<size_t>(std::min(s.capacity, bytes - begin));
+    const uint64_t call = s.calls++;
+    std::memcpy(s.slot(call, s.group.rank()), in + begin, piece);
+    s.barrier(call);
+    for (int r = 0; r < world; ++r) std::memcpy(out + r * bytes + begin, s.slot(call, r), piece);
+  }
+}
+
+void SharedMemoryAllreduce::reduce_scatter_sum_(const torch::Tensor& input, torch::Tensor& output) {
+  Segment& s = *segment_;
+  const int world = s.group.size();
+  TORCH_CHECK(input.is_contiguous() && input.device().is_cpu() && input.dim() == 2 && input.size(0) == world &&
+                  output.is_contiguous() && output.numel() == input.size(1) &&
+                  output.scalar_type() == input.scalar_type(),
+              "SharedMemoryAllreduce::reduce_scatter_sum_ takes a contiguous CPU [world, n] input and an [n] output");
+  const int64_t n = input.size(1), size = input.element_size();
+  const int64_t columns = std::max<int64_t>(1, s.capacity / (world * size));  // per piece: [world, columns]
+  TORCH_CHECK(world * size <= s.capacity, "SharedMemoryAllreduce::reduce_scatter_sum_: the segment's ", s.capacity,
+              " bytes hold no column of ", world, " ranks");
+  const auto* in = static_cast<const char*>(input.data_ptr());
+  const bool widen = input.scalar_type() == torch::kBFloat16 || input.scalar_type() == torch::kHalf;
+  torch::NoGradGuard no_grad;
+  for (int64_t begin = 0; begin < n; begin += columns) {
+    const int64_t width = std::min(columns, n - begin);
+    const uint64_t call = s.calls++;
+    char* slot = s.slot(call, s.group.rank());
+    for (int r = 0; r < world; ++r)
+      std::memcpy(slot + r * width * size, in + (r * n + begin) * size, static_cast<size_t>(width * size));
+    s.barrier(call);
+    auto row = [&](int r) {
+      return torch::from_blob(s.slot(call, r) + s.group.rank() * width * size, {width}, input.options());
+    };
+    // In rank order, so every rank computes the same bits; 16-bit floats accumulate in fp32 (one rounding).
+    torch::Tensor total = widen ? row(0).to(torch::kFloat32) : row(0).clone();
+    for (int r = 1; r < world; ++r) total.add_(row(r));
+    output.narrow(0, begin, width).copy_(total);
+  }
+}
+
 CommHook shared_memory_allreduce_hook(ProcessGroup group) {
   auto segment = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
   return [group, segment](GradBucket& bucket) {

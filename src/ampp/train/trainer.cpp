@@ -181,8 +181,9 @@ std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
                                                           const std::shared_ptr<ClassifierImpl>& model,
                                                           const dist::ProcessGroup& pg) {
   if (!o.fsdp() || !pg) return nullptr;
-  return std::make_unique<dist::FullyShardedDataParallel>(model, model->sharding_units(),
-                                                          dist::FullyShardOptions().process_group(pg));
+  return std::make_unique<dist::FullyShardedDataParallel>(
+      model, model->sharding_units(),
+      dist::FullyShardOptions().process_group(pg).shared_memory(o.shared_memory_allreduce()));  // --gloo-allreduce
 }
 
 // The model's forward, through FSDP when the model is sharded.
