@@ -174,7 +174,6 @@ TEST(FullyShard, GradScalerSkipsOnEveryRankWhenOneShardOverflows) {
 TEST(FullyShard, FullCheckpointsMoveBetweenWorldSizesAndPlainModules) {
   TempDir dir;
   const std::string path = dir.file("full.pt");
-  c10::impl::GenericDict saved = ampp::make_pytorch_dict();
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     auto model = make_stack(1);
     FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
@@ -183,7 +182,13 @@ TEST(FullyShard, FullCheckpointsMoveBetweenWorldSizesAndPlainModules) {
     torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
     opt.step();
     fsdp.save_full(path);
-    fsdp.save_sharded(dir.file("shard" + std::to_string(rank) + ".pt"));
+    fsdp.save_sharded(dir.file("shard" + std::to_string(rank) + ".pt"), &opt);
+    // One step more: what a run resumed from the shards must reproduce.
+    opt.zero_grad();
+    torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+    opt.step();
+    const auto next = flat_state(fsdp.full_state_dict(), *model);  // collective
+    if (rank == 0) torch::save(next, dir.file("next.pt"));         // the ranks are forked: a file carries it over
   });
   // A plain module reads it as PyTorch's load_state_dict would.
   auto plain = make_stack(7);
@@ -200,8 +205,17 @@ TEST(FullyShard, FullCheckpointsMoveBetweenWorldSizesAndPlainModules) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     auto model = make_stack(5);
     FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
-    fsdp.load_sharded(dir.file("shard" + std::to_string(rank) + ".pt"));
+    Adam opt(fsdp.parameters(), AdamOptions(1e-2));
+    fsdp.load_sharded(dir.file("shard" + std::to_string(rank) + ".pt"), &opt);
     EXPECT_TRUE(torch::equal(flat_state(fsdp.full_state_dict(), *model), expected));
+    const auto d = stack_batch(0, rank, 2);
+    opt.zero_grad();
+    torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+    opt.step();  // Adam's moments and step count came back: the same step as the run that saved them
+    const auto next = flat_state(fsdp.full_state_dict(), *model);
+    torch::Tensor expected_next;
+    torch::load(expected_next, dir.file("next.pt"));
+    EXPECT_TRUE(torch::equal(next, expected_next));
   });
 }
 

@@ -56,7 +56,8 @@ std::string job_key(const train::TrainOptions& o) {
              o.zero(), o.deterministic(), o.shared_memory_allreduce(), o.channels_last()) +
          (train::is_gpt(o.model()) ? fmt::format(" context={} n_layer={} n_head={} n_embd={}", o.context(), o.n_layer(),
                                                  o.n_head(), o.n_embd())
-                                   : "");
+                                   : "") +
+         (o.fsdp() ? " fsdp=1" : "");  // only when set: the keys cached before --fsdp existed stay valid
 }
 
 std::optional<int> checkpoint_world_size(const train::TrainOptions& o) {
@@ -119,8 +120,10 @@ std::vector<std::string> measurement_command(const std::string& self_exe, const 
                              {o.n_embd(), "--n-embd"}})
     if (value != 0) argv.insert(argv.end(), {flag, std::to_string(value)});
   if (o.loss_scale()) argv.insert(argv.end(), {"--loss-scale", o.loss_scale()->to_string()});
-  for (auto [on, flag] :
-       {std::pair{o.sync_batch_norm(), "--sync-bn"}, {o.zero(), "--zero"}, {o.deterministic(), "--deterministic"}})
+  for (auto [on, flag] : {std::pair{o.sync_batch_norm(), "--sync-bn"},
+                          {o.zero(), "--zero"},
+                          {o.fsdp(), "--fsdp"},
+                          {o.deterministic(), "--deterministic"}})
     if (on) argv.emplace_back(flag);
   return argv;
 }

@@ -29,6 +29,7 @@
 #include <ATen/core/Dict.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <functional>
@@ -151,10 +152,10 @@ class FullyShardedDataParallel {
   // Collective: rank 0 writes full_state_dict() atomically as a PyTorch file (torch.load reads it).
   void save_full(const std::string& path) const;
   void load_full(const std::string& path);
-  // This rank's shards alone, atomically; load_sharded() refuses another world size or rank, saying how
-  // to move between them (through save_full).
-  void save_sharded(const std::string& path) const;
-  void load_sharded(const std::string& path);
+  // This rank's shards alone (and the state of `optimizer`, which steps them, when given), atomically;
+  // load_sharded() refuses another world size or rank, saying how to move between them (through save_full).
+  void save_sharded(const std::string& path, const torch::optim::Optimizer* optimizer = nullptr) const;
+  void load_sharded(const std::string& path, torch::optim::Optimizer* optimizer = nullptr);
   // For GradScaler::set_found_inf_hook: an inf in one rank's shard makes every rank skip the step (each
   // rank unscales only its shards, so the ranks must agree; one allreduce).
   std::function<void(torch::Tensor& found_inf)> found_inf_hook() const;

@@ -92,17 +92,22 @@ void FullyShardedDataParallel::save_full(const std::string& path) const {
 
 void FullyShardedDataParallel::load_full(const std::string& path) { load_full_state_dict(load_pytorch(path)); }
 
-void FullyShardedDataParallel::save_sharded(const std::string& path) const {
+void FullyShardedDataParallel::save_sharded(const std::string& path, const torch::optim::Optimizer* optimizer) const {
   torch::serialize::OutputArchive archive;
   const auto& group = state_->context.group;
   archive.write("world_size", torch::tensor(static_cast<int64_t>(group.size())));
   archive.write("rank", torch::tensor(static_cast<int64_t>(group.rank())));
   for (const auto& p : state_->params) archive.write("shard." + p.name, p.padded);
   for (const auto& b : state_->root->named_buffers()) archive.write("buffer." + b.key(), b.value(), /*is_buffer=*/true);
+  if (optimizer) {
+    torch::serialize::OutputArchive state;
+    optimizer->save(state);
+    archive.write("optimizer", state);
+  }
   write_file_atomic(path, archive_bytes(archive));
 }
 
-void FullyShardedDataParallel::load_sharded(const std::string& path) {
+void FullyShardedDataParallel::load_sharded(const std::string& path, torch::optim::Optimizer* optimizer) {
   torch::serialize::InputArchive archive;
   archive.load_from(path);
   torch::Tensor world, rank;
@@ -126,6 +131,12 @@ void FullyShardedDataParallel::load_sharded(const std::string& path) {
     torch::Tensor value;
     archive.read("buffer." + b.key(), value, /*is_buffer=*/true);
     b.value().copy_(value);
+  }
+  if (optimizer) {
+    torch::serialize::InputArchive state;
+    TORCH_CHECK(archive.try_read("optimizer", state), "ampp::dist::FullyShardedDataParallel: ", path,
+                " holds no optimizer state (saved without one); load it without the optimizer");
+    optimizer->load(state);
   }
   reshard();
 }
