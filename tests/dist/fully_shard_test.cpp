@@ -224,7 +224,7 @@ TEST(FullyShard, AStateDictOfAnotherModelIsOneErrorListingEveryMismatch) {
     auto model = make_stack(1);
     FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
     auto state = fsdp.full_state_dict();
-    state.erase("head.bias");
+    ASSERT_EQ(state.erase("head.bias"), 1u);
     state.insert_or_assign("in.weight", torch::zeros({3, 3}));
     state.insert("extra", torch::zeros({1}));
     const auto message = error_of([&] { fsdp.load_full_state_dict(state); });
