@@ -22,7 +22,9 @@
 // first forward gathers every unit, so a model that does not cooperate still trains correctly.
 //
 // Every rank must run the same forward and backward (the collectives match in order), and use the same
-// parameters in each (as DDP without find_unused_parameters).
+// parameters in each (as DDP without find_unused_parameters). Build the optimizer over parameters(), after
+// this: the module's own parameters hold no memory and get no gradient. To use the module on its own again,
+// call unshard() while this object lives (the module then keeps the gathered values).
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/process_group.h>
 

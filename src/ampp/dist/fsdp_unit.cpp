@@ -3,6 +3,7 @@
 #include "fsdp_unit.h"
 
 #include <ampp/util/torch_version.h>
+#include <c10/util/strides.h>
 
 #include <map>
 
