@@ -8,6 +8,7 @@
 #include <ampp/dist/fully_shard.h>
 #include <ampp/precision/autocast.h>
 #include <ampp/scaling/grad_scaler.h>
+#include <ampp/util/torch_version.h>
 
 #include "ampp_test.h"
 
@@ -96,6 +97,9 @@ TEST(FullyShard, EachRankHoldsItsRowsAndTheModuleHoldsNoMemoryBetweenSteps) {
 }
 
 TEST(FullyShard, BFloat16PolicyKeepsNormsFp32AndTrainsCloseToFp32) {
+#if !AMPP_TORCH_AT_LEAST(2, 0)
+  GTEST_SKIP() << "LibTorch 1.x's CPU layer_norm takes its input and weight in one dtype (bf16 meets FP32 here)";
+#endif
   on_ranks(2, [](int rank, const ProcessGroup& pg) {
     auto fp32 = make_stack(1), bf16 = make_stack(1);
     FullyShardedDataParallel ref(fp32, fp32->units(), FullyShardOptions().process_group(pg));

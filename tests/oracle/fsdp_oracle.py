@@ -14,8 +14,8 @@ from oracle_common import decode, dtype_name, encode, main, torch, unsupported
 
 try:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-except ImportError:
-    unsupported("no torch.distributed.fsdp.fully_shard (FSDP2)")
+except Exception as e:  # ImportError before FSDP2; 1.13's fsdp package fails to import on Python 3.11 (ValueError)
+    unsupported(f"no torch.distributed.fsdp.fully_shard (FSDP2): {e!r}")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

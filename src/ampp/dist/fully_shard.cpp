@@ -5,6 +5,7 @@
 #include <ampp/dist/reducer.h>
 #include <ampp/util/batch_norm_like.h>
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <map>
