@@ -238,6 +238,40 @@ TEST(FullyShard, AStateDictOfAnotherModelIsOneErrorListingEveryMismatch) {
   });
 }
 
+TEST(FullyShard, AFrozenParameterStaysAsItIsAndTheRestTrainsAsDdp) {
+  on_ranks(2, [](int rank, const ProcessGroup& pg) {
+    auto plain = make_stack(1), sharded = make_stack(1);
+    for (auto* m : {&plain, &sharded}) (*m)->blocks[1]->up->weight.set_requires_grad(false);
+    const auto frozen = sharded->blocks[1]->up->weight.detach().clone();
+    DistributedDataParallel<Stack> ddp(plain, pg);
+    FullyShardedDataParallel fsdp(sharded, sharded->units(), FullyShardOptions().process_group(pg));
+    std::vector<torch::Tensor> trainable;
+    for (const auto& p : ddp.parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    Adam plain_opt(trainable, AdamOptions(1e-2)), sharded_opt(fsdp.parameters(), AdamOptions(1e-2));
+    for (int step = 0; step < 3; ++step) {
+      const auto d = stack_batch(step, rank, 2);
+      plain_opt.zero_grad();
+      sharded_opt.zero_grad();
+      torch::mse_loss(ddp.forward(d.x), d.y).backward();
+      torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+      plain_opt.step();
+      sharded_opt.step();
+    }
+    const auto state = fsdp.full_state_dict();
+    EXPECT_TRUE(torch::equal(state.at("block1.up.weight").toTensor(), frozen));
+    EXPECT_TRUE(torch::equal(flat_params(plain->parameters()), flat_state(state, *plain)));
+  });
+}
+
+TEST(FullyShard, AUnitOutsideTheRootIsRefused) {
+  on_ranks(1, [](int, const ProcessGroup& pg) {
+    auto model = make_stack(1), other = make_stack(2);
+    AMPP_EXPECT_THROW_WITH(FullyShardedDataParallel(model, other->units(), FullyShardOptions().process_group(pg)),
+                           "is not a submodule of the root module");
+  });
+}
+
 TEST(FullyShard, UnitsThatShareAParameterAreRefused) {
   on_ranks(1, [](int, const ProcessGroup& pg) {
     auto model = make_stack(1);

@@ -95,6 +95,8 @@ torch::Tensor storage_alias(const torch::Tensor& param, at::IntArrayRef sizes) {
 
 FsdpUnit::FsdpUnit(std::vector<ShardedParam*> params, const FsdpContext* context, std::string name)
     : params_(std::move(params)), context_(context), name_(std::move(name)) {
+  for (auto* p : params_)
+    if (p->shard.requires_grad()) trainable_.push_back(p);
   for (const auto* p : params_) {
     byte_offsets_.push_back(chunk_bytes_);
     chunk_bytes_ += aligned(p->chunk_numel() * c10::elementSize(p->gathered));
@@ -143,9 +145,9 @@ void FsdpUnit::reduce_gradients() {
   // One reduce-scatter per reduce dtype (FSDP2 has one dtype per unit; per-parameter dtypes can make two).
   const auto forced = context_->options.mp_policy().reduce_dtype();
   std::map<c10::ScalarType, std::vector<ShardedParam*>> by_dtype;
-  for (auto* p : params_) by_dtype[forced.value_or(p->gathered)].push_back(p);
+  for (auto* p : trainable_) by_dtype[forced.value_or(p->gathered)].push_back(p);
   for (const auto& [dtype, group] : by_dtype) reduce_group(group, dtype);
-  for (auto* p : params_) p->param.mutable_grad() = torch::Tensor();
+  for (auto* p : trainable_) p->param.mutable_grad() = torch::Tensor();
   reshard();
   reset_pending();
 }

@@ -62,8 +62,8 @@ class FsdpUnit {
   // A parameter's gradient was accumulated; the last one of the unit reduces them.
   void gradient_ready();
   // Whether some but not all parameters got their gradient in this backward.
-  bool partly_ready() const { return pending_ != static_cast<int>(params_.size()) && pending_ > 0; }
-  void reset_pending() { pending_ = static_cast<int>(params_.size()); }
+  bool partly_ready() const { return pending_ != static_cast<int>(trainable_.size()) && pending_ > 0; }
+  void reset_pending() { pending_ = static_cast<int>(trainable_.size()); }
 
   // Entered through unit_forward in a previous forward: the root leaves its gathering to it.
   bool scoped = false;
@@ -76,6 +76,7 @@ class FsdpUnit {
   void reduce_group(const std::vector<ShardedParam*>& group, c10::ScalarType reduce_dtype);
 
   std::vector<ShardedParam*> params_;
+  std::vector<ShardedParam*> trainable_;  // those that require grad: the ones reduced (frozen ones get none)
   const FsdpContext* context_;
   std::string name_;
   std::vector<int64_t> byte_offsets_;  // of each parameter in a rank's all-gather chunk (16-aligned)

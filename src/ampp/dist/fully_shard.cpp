@@ -111,6 +111,11 @@ void FsdpState::shard_parameters(const std::vector<std::shared_ptr<torch::nn::Mo
     auto it = unit_of.find(item.value().unsafeGetTensorImpl());
     members[it == unit_of.end() ? 0 : it->second].push_back(&params.back());
   }
+  for (size_t u = 1; u < members.size(); ++u)
+    TORCH_CHECK(members[u].size() == unit_modules[u - 1]->parameters().size(),
+                "ampp::dist::FullyShardedDataParallel: unit ", u, " is not a submodule of the root module (",
+                unit_modules[u - 1]->parameters().size() - members[u].size(),
+                " of its parameters are not the root's); pass submodules of the model being sharded");
   for (size_t u = 0; u < members.size(); ++u)
     units.push_back(
         std::make_shared<FsdpUnit>(std::move(members[u]), &context, u == 0 ? "root" : "unit " + std::to_string(u)));
