@@ -264,6 +264,24 @@ TEST(FullyShard, AFrozenParameterStaysAsItIsAndTheRestTrainsAsDdp) {
   });
 }
 
+TEST(FullyShard, ForwardInputsAreCastOnlyUnderAParamDtypeAsInFsdp2) {
+  on_ranks(1, [](int, const ProcessGroup& pg) {
+    auto plain = make_stack(1), low = make_stack(1);
+    FullyShardedDataParallel no_policy(plain, plain->units(), FullyShardOptions().process_group(pg));
+    FullyShardedDataParallel bf16(
+        low, low->units(),
+        FullyShardOptions().process_group(pg).mp_policy(MixedPrecisionPolicy().param_dtype(torch::kBFloat16)));
+    const auto x = torch::ones({2, 12}, torch::kBFloat16);
+    EXPECT_EQ(
+        ampp::dist::detail::fsdp_cast_input(*ampp::dist::detail::fsdp_unit_of(*plain->blocks[0]), x).scalar_type(),
+        torch::kBFloat16);
+    EXPECT_EQ(
+        ampp::dist::detail::fsdp_cast_input(*ampp::dist::detail::fsdp_unit_of(*low->blocks[0]), x.to(torch::kFloat))
+            .scalar_type(),
+        torch::kBFloat16);
+  });
+}
+
 TEST(FullyShard, AUnitOutsideTheRootIsRefused) {
   on_ranks(1, [](int, const ProcessGroup& pg) {
     auto model = make_stack(1), other = make_stack(2);

@@ -250,7 +250,7 @@ void Amp::set_found_inf_reducer(FoundInfHook reduce) {
   for (auto& scaler : state_->scalers)
     scaler->set_found_inf_hook([raw, reduce](torch::Tensor& found_inf) {
       if (reduce) reduce(found_inf);
-      if (found_inf.item<float>() != 0.0f) raw->overflow_seen = true;  // as initialize()'s own hook
+      if (found_inf.item<float>() != 0.0f) raw->overflow_seen = true;  // what step() skips on
     });
 }
 

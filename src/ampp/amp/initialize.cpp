@@ -214,19 +214,15 @@ Amp initialize(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
 
   // Loss scalers (always created, so state_dict() has apex's keys at every level).
   for (int64_t i = 0; i < p.num_losses(); ++i) {
-    auto scaler = std::make_unique<GradScaler>(scaler_options(p));
-    AmpState* raw = st.get();
-    // Observe the overflow flag GradScaler computes in its fused unscale pass.
-    scaler->set_found_inf_hook([raw](torch::Tensor& found_inf) {
-      if (found_inf.item<float>() != 0.0f) raw->overflow_seen = true;
-    });
-    st->scalers.push_back(std::move(scaler));
+    st->scalers.push_back(std::make_unique<GradScaler>(scaler_options(p)));
   }
   const bool unit_static = !p.loss_scale().is_dynamic() && p.loss_scale().value() == 1.0;
   st->scales_loss = p.enabled() && (st->use_masters || !unit_static);
 
   print_properties(*st);
-  return Amp(st);
+  Amp amp(st);
+  amp.set_found_inf_reducer(nullptr);  // observes the overflow flag GradScaler computes in its fused unscale pass
+  return amp;
 }
 
 Amp initialize(const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,

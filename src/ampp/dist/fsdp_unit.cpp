@@ -93,16 +93,14 @@ torch::Tensor storage_alias(const torch::Tensor& param, at::IntArrayRef sizes) {
   return alias;
 }
 
-FsdpUnit::FsdpUnit(std::vector<ShardedParam*> params, const FsdpContext* context, std::string name)
-    : params_(std::move(params)), context_(context), name_(std::move(name)) {
+FsdpUnit::FsdpUnit(std::vector<ShardedParam*> params, const FsdpContext* context)
+    : params_(std::move(params)), context_(context) {
   for (auto* p : params_)
     if (p->shard.requires_grad()) trainable_.push_back(p);
   for (const auto* p : params_) {
     byte_offsets_.push_back(chunk_bytes_);
     chunk_bytes_ += aligned(p->chunk_numel() * c10::elementSize(p->gathered));
   }
-  const auto& policy = context_->options.mp_policy();
-  input_dtype_ = policy.param_dtype().value_or(torch::kFloat);
   reset_pending();
 }
 

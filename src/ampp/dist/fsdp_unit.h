@@ -49,7 +49,7 @@ struct FsdpContext {
 
 class FsdpUnit {
  public:
-  FsdpUnit(std::vector<ShardedParam*> params, const FsdpContext* context, std::string name);
+  FsdpUnit(std::vector<ShardedParam*> params, const FsdpContext* context);
 
   // All-gathers the parameters into the module's tensors (no-op when gathered).
   void unshard();
@@ -68,9 +68,7 @@ class FsdpUnit {
   // Entered through unit_forward in a previous forward: the root leaves its gathering to it.
   bool scoped = false;
   const std::vector<ShardedParam*>& params() const { return params_; }
-  const std::string& name() const { return name_; }
   const FsdpContext& context() const { return *context_; }
-  c10::ScalarType input_dtype() const { return input_dtype_; }
 
  private:
   void reduce_group(const std::vector<ShardedParam*>& group, c10::ScalarType reduce_dtype);
@@ -78,10 +76,8 @@ class FsdpUnit {
   std::vector<ShardedParam*> params_;
   std::vector<ShardedParam*> trainable_;  // those that require grad: the ones reduced (frozen ones get none)
   const FsdpContext* context_;
-  std::string name_;
   std::vector<int64_t> byte_offsets_;  // of each parameter in a rank's all-gather chunk (16-aligned)
   int64_t chunk_bytes_ = 0;
-  c10::ScalarType input_dtype_ = torch::kFloat;
   bool gathered_ = true;
   int pending_ = 0;
 };

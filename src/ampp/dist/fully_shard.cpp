@@ -67,8 +67,10 @@ void fsdp_pre_forward(FsdpUnit& unit) {
 }
 
 torch::Tensor fsdp_cast_input(FsdpUnit& unit, const torch::Tensor& input) {
-  if (!unit.context().options.mp_policy().cast_forward_inputs() || !input.is_floating_point()) return input;
-  return input.to(unit.input_dtype());
+  // As FSDP2: only a policy with a param_dtype casts; without one the inputs pass as they are.
+  const auto& policy = unit.context().options.mp_policy();
+  if (!policy.cast_forward_inputs() || !policy.param_dtype() || !input.is_floating_point()) return input;
+  return input.to(*policy.param_dtype());
 }
 
 void fsdp_post_forward(const std::shared_ptr<FsdpUnit>& unit, const std::vector<torch::Tensor>& outputs) {
@@ -117,8 +119,7 @@ void FsdpState::shard_parameters(const std::vector<std::shared_ptr<torch::nn::Mo
                 unit_modules[u - 1]->parameters().size() - members[u].size(),
                 " of its parameters are not the root's); pass submodules of the model being sharded");
   for (size_t u = 0; u < members.size(); ++u)
-    units.push_back(
-        std::make_shared<FsdpUnit>(std::move(members[u]), &context, u == 0 ? "root" : "unit " + std::to_string(u)));
+    units.push_back(std::make_shared<FsdpUnit>(std::move(members[u]), &context));
   for (auto& unit : units) unit->reshard();
   for (auto& unit : units) install_gradient_hooks(unit);
 }

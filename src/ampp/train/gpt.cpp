@@ -106,11 +106,7 @@ struct GptImpl : ClassifierImpl {
     return torch::nn::functional::linear(ln_f->forward(x), wte->weight);
   }
   // The blocks: the units FSDP gathers one at a time (the embeddings, tied to the head, stay in the root).
-  std::vector<std::shared_ptr<torch::nn::Module>> sharding_units() const override {
-    std::vector<std::shared_ptr<torch::nn::Module>> units;
-    for (const auto& block : *h) units.push_back(block);
-    return units;
-  }
+  std::vector<std::shared_ptr<torch::nn::Module>> sharding_units() const override { return h->children(); }
   int64_t context;
   nn::Embedding wte{nullptr}, wpe{nullptr};
   nn::ModuleList h{nullptr};

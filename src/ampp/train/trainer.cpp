@@ -620,7 +620,6 @@ void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
         "rank 0's batch replayed finite: the inf/NaN came from another rank's batch or was injected";
 }
 
-// The last backward's wait for its buckets' allreduce, after autograd finished (reducer.h).
 // Whether every rank's gradients are finite. Under FSDP each rank holds only its shards, so the ranks agree
 // (one allreduce), as they do on a loss scaler's overflow; with DDP the gradients are alike everywhere.
 bool gradients_finite_everywhere(Run& run) {
@@ -639,6 +638,7 @@ std::vector<std::pair<std::string, torch::Tensor>> named_gradient_holders(const 
   return named;
 }
 
+// The last backward's wait for its buckets' allreduce, after autograd finished (reducer.h).
 double allreduce_wait_seconds(Ddp& ddp) {
   const dist::IterationTimeline t = ddp.reducer().last_timeline();
   return std::chrono::duration<double>(t.finalize_end - t.finalize_begin).count();
