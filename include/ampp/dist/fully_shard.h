@@ -56,7 +56,7 @@ struct MixedPrecisionPolicy {
   TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
   // Dtype the root's floating outputs are cast to; nullopt: as computed.
   TORCH_ARG(std::optional<c10::ScalarType>, output_dtype) = std::nullopt;
-  // Cast floating tensor inputs of the root's and each unit's forward to param_dtype.
+  // Cast floating tensor inputs of the root's and each unit's forward to param_dtype (when one is set).
   TORCH_ARG(bool, cast_forward_inputs) = true;
   // Beyond PyTorch: the gathered dtype of single parameters, by name as in named_parameters()
   // (e.g. {"h.0.ln_1.weight", kFloat}); overrides param_dtype.
