@@ -68,7 +68,8 @@ install_wheel() {  # $1: venv, $2: torch version
   fi
   echo "install-deps: creating $venv with torch==$torch_version ($python)"
   "$python" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" numpy
+  # No pip cache: the CUDA wheels are 5.4 GB, and a cached copy of them would double the disk they take.
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir "torch==$torch_version" numpy
 }
 
 # The formatter CI checks with (scripts/check-format.sh), pinned so that every machine agrees.
