@@ -12,6 +12,8 @@
 #                                   summary.txt (nvidia-smi, results), build.log, gpu_tests.log, fp16_emulation.md.
 #   scripts/gpu-check.sh train OUT  there: `ampp train --device cuda` (below): train-build.log, train-runs.log.
 #   scripts/gpu-check.sh all OUT    both, in one call: 6 files, inside the device tool's 8.
+#   scripts/gpu-check.sh bench OUT  there, in a call of its own: the GPU benchmark against Python torch
+#                                   (bench/gpu/compare.py): gpu_bench.md, gpu_bench.log, bench-build.log.
 # Took 111 s on a 16-core H100 machine (80 s to configure and build); docs/gpu.md has its results.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,18 +67,23 @@ run() {
 # `ampp train --device cuda` there: the whole library and the CLI (that machine has protobuf, boost and
 # CLI11), then short synthetic-data runs per precision, each beside the same run on the CPU's cores.
 # Never run on a GPU yet (docs/gpu.md): a first run may well stop in the build; its log says where.
-train() {
-  local out=${1:?usage: scripts/gpu-check.sh train OUT}
-  mkdir -p "$out"
-  local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train} start=$SECONDS
-  local arch
+# The whole library, Release, for the GPU's architecture (train and bench share it): builds `$3` into `$1`,
+# logging to `$2`.
+build_full() {
+  local build=$1 log=$2 target=$3 python=$4 arch
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${arch:-9.0}}
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMPP_TORCH=wheel -DAMPP_PYTHON="$python" \
     -DCMAKE_PREFIX_PATH="$kit/usr" -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF \
-    > "$out/train-build.log" 2>&1 || { tail -30 "$out/train-build.log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target ampp_cli >> "$out/train-build.log" 2>&1 ||
-    { tail -40 "$out/train-build.log"; exit 1; }
+    -DAMPP_BUILD_GPU_BENCH=ON >> "$log" 2>&1 || { tail -30 "$log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target "$target" >> "$log" 2>&1 || { tail -40 "$log"; exit 1; }
+}
+
+train() {
+  local out=${1:?usage: scripts/gpu-check.sh train OUT}
+  mkdir -p "$out"
+  local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train} start=$SECONDS
+  build_full "$build" "$out/train-build.log" ampp_cli "$python"
   echo "gpu-check train: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
   local precision device failed=0
   for precision in "--opt-level O0" "--opt-level O1 --dtype bf16" "--opt-level O1 --dtype fp16"; do
@@ -93,6 +100,23 @@ print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_acc
   return $failed
 }
 
+# The GPU benchmark (bench/gpu/compare.py): ampp beside Python torch on this GPU, the cases in order of
+# importance until AMPP_GPU_BENCH_BUDGET_S (default 300) is spent. Its own call of the device tool: the
+# build of `train` is reused where the machine is still warm.
+bench() {
+  local out=${1:?usage: scripts/gpu-check.sh bench OUT}
+  mkdir -p "$out"
+  local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train} start=$SECONDS
+  build_full "$build" "$out/bench-build.log" ampp_gpu_bench "$python"
+  echo "gpu-check bench: configured and built in $((SECONDS - start)) s" | tee -a "$out/gpu_bench.log"
+  local code=0
+  "$python" "$root/bench/gpu/compare.py" --ampp "$build/bench/gpu/ampp_gpu_bench" --python "$python" \
+    --budget-s "${AMPP_GPU_BENCH_BUDGET_S:-300}" --out "$out/gpu_bench.md" >> "$out/gpu_bench.log" 2>&1 || code=$?
+  { echo; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } >> "$out/gpu_bench.md" 2>&1 || true
+  echo "gpu-check bench: done in $((SECONDS - start)) s, exit code $code" | tee -a "$out/gpu_bench.log"
+  return $code
+}
+
 # Both in one call of the device tool (one machine start); each goes on if the other fails.
 all() {
   local out=${1:?usage: scripts/gpu-check.sh all OUT} code=0
@@ -106,5 +130,6 @@ case "${1:-}" in
   run) run "${2:-}" ;;
   train) train "${2:-}" ;;
   all) all "${2:-}" ;;
-  *) echo "usage: scripts/gpu-check.sh prepare | run OUT | train OUT | all OUT" >&2; exit 2 ;;
+  bench) bench "${2:-}" ;;
+  *) echo "usage: scripts/gpu-check.sh prepare | run OUT | train OUT | all OUT | bench OUT" >&2; exit 2 ;;
 esac

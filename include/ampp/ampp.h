@@ -23,7 +23,9 @@
 #include <ampp/precision/nonfinite_locator.h>
 #include <ampp/precision/rounding.h>
 
-// scaling: ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis), FusedSGD, FusedAdamW
+// scaling: ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis), FusedSGD, FusedAdamW,
+// CudaGraphStep (a whole training step captured as a CUDA graph)
+#include <ampp/scaling/cuda_graph_step.h>
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/scaling/grad_scaler.h>
 #include <ampp/scaling/gradient_ranges.h>

@@ -8,12 +8,6 @@
 #include <ampp/scaling/grad_scaler.h>
 #include <ampp/util/torch_version.h>
 
-#include <torch/cuda.h>
-#include <torch/torch.h>
-#if AMPP_TEST_TORCH_HAS_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -21,26 +15,13 @@
 #include <map>
 #include <string>
 
-#include "ampp_test.h"
+#include "gpu_test_util.h"
 #include "oracle.h"
 
 namespace {
 
+using ampp_gpu_test::ErrorOnCudaSync;
 using ampp_oracle::json;
-
-std::string no_gpu_reason() {
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  return AMPP_TEST_TORCH_HAS_CUDA
-             ? std::string(
-                   "no CUDA device: this LibTorch has CUDA, but torch::cuda::is_available() is false (no GPU "
-                   "or driver on this machine; CUDA_VISIBLE_DEVICES='") +
-                   (visible ? visible : "") + "')"
-             : "no CUDA device: this LibTorch is CPU-only (a CUDA build: AMPP_TORCH=cuda, or scripts/gpu-check.sh "
-               "on a machine with a GPU)";
-}
-
-#define AMPP_REQUIRE_GPU() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << no_gpu_reason()
 
 // The inputs every op below uses, made once on the CPU (both sides decode the same bits).
 std::map<std::string, torch::Tensor> op_inputs() {
@@ -289,20 +270,6 @@ TEST(GpuDist, NcclAndGlooReduceCudaTensorsAtWorldSizeOne) {
 }
 
 namespace {
-
-// Raises a c10::Error at any synchronising CUDA call (c10's sync debug mode) while alive.
-class ErrorOnCudaSync {
- public:
-#if AMPP_TEST_TORCH_HAS_CUDA
-  ErrorOnCudaSync() : before_(c10::cuda::warning_state().get_sync_debug_mode()) {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  }
-  ~ErrorOnCudaSync() { c10::cuda::warning_state().set_sync_debug_mode(before_); }
-
- private:
-  c10::cuda::SyncDebugMode before_;
-#endif
-};
 
 // The fused path's case for the oracle: 12 steps of two parameters, inf at step 3 and NaN at step 7.
 json fused_case(const std::string& kind, const std::vector<torch::Tensor>& params,

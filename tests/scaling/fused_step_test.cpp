@@ -195,3 +195,28 @@ TEST(FusedSGD, AClosureRunsWithAutogradAndTheStepIsSgds) {
   for (size_t i = 0; i < fused_problem.params.size(); ++i)
     EXPECT_TRUE(torch::allclose(fused_problem.params[i], plain_problem.params[i], 1e-6, 1e-6)) << "parameter " << i;
 }
+
+// Reading the counters between steps keeps the device's counts going (a captured CUDA graph goes on
+// updating the same tensors: cuda_graph_step.h), and a plain optimizer's iteration between fused ones
+// continues the same counts: all as a scaler that only ever takes the plain path.
+TEST(FusedStep, CountersStayRightWhenReadBetweenStepsAndAcrossBothPaths) {
+  AMPP_REQUIRE_FUSED_KERNELS();
+  Problem mixed_problem, plain_problem;
+  ampp::FusedSGD fused(mixed_problem.params, torch::optim::SGDOptions(1e-2));
+  torch::optim::SGD plain_on_the_same(mixed_problem.params, torch::optim::SGDOptions(1e-2));
+  torch::optim::SGD plain(plain_problem.params, torch::optim::SGDOptions(1e-2));
+  ampp::GradScaler mixed_scaler(ampp::GradScalerOptions().growth_interval(2)),
+      plain_scaler(ampp::GradScalerOptions().growth_interval(2));
+  for (int s = 0; s < 12; ++s) {
+    const bool overflow = s == 2 || s == 3 || s == 4 || s == 8;
+    torch::optim::Optimizer& opt = s % 3 == 1 ? static_cast<torch::optim::Optimizer&>(plain_on_the_same) : fused;
+    mixed_problem.iterate(mixed_scaler, opt, overflow);
+    plain_problem.iterate(plain_scaler, plain, overflow);
+    if (s % 4 == 3) continue;  // some steps are not read: their counts are folded with the next ones
+    ASSERT_EQ(mixed_scaler.consecutive_overflows(), plain_scaler.consecutive_overflows()) << "step " << s;
+    ASSERT_EQ(mixed_scaler.skipped_steps(), plain_scaler.skipped_steps()) << "step " << s;
+    ASSERT_EQ(mixed_scaler.found_inf_last_step(), plain_scaler.found_inf_last_step()) << "step " << s;
+    ASSERT_EQ(mixed_scaler.get_scale(), plain_scaler.get_scale()) << "step " << s;
+  }
+  EXPECT_EQ(mixed_scaler.skipped_steps(), 4);
+}

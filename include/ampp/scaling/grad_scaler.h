@@ -183,10 +183,12 @@ class GradScaler {
     std::map<std::string, torch::Tensor> found_inf_per_device;  // key: device string
     bool fused = false;  // stepped through a GradScaleAwareOptimizer (no host read so far)
   };
-  // The fused path's counts, kept where the scale is (int64, 0-dim) until a host read folds them into
-  // the host counts below; undefined when there is nothing to fold.
+  // The fused path's counts, kept where the scale is (0-dim) until a host read folds them into the host
+  // counts below; undefined before the first fused step. A fold keeps the tensors (a captured CUDA graph
+  // goes on updating them: cuda_graph_step.h) and restarts the two that count since the last fold.
   struct OnDeviceCounts {
-    torch::Tensor last_found_inf, skipped_steps, consecutive_overflows;
+    torch::Tensor last_found_inf, consecutive_overflows;  // as of the last fused step
+    torch::Tensor fused_steps, skipped_steps;             // since the last fold
   };
 
   void check_scale_growth_tracker(const char* funcname) const;

@@ -83,8 +83,8 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   }
   found_inf_hook_ = other.found_inf_hook_;
   const auto clone = [](const torch::Tensor& t) { return t.defined() ? t.clone() : torch::Tensor(); };
-  on_device_ = {clone(other.on_device_.last_found_inf), clone(other.on_device_.skipped_steps),
-                clone(other.on_device_.consecutive_overflows)};
+  on_device_ = {clone(other.on_device_.last_found_inf), clone(other.on_device_.consecutive_overflows),
+                clone(other.on_device_.fused_steps), clone(other.on_device_.skipped_steps)};
   found_inf_last_step_ = other.found_inf_last_step_;
   skipped_steps_ = other.skipped_steps_;
   hysteresis_tracker_ = other.hysteresis_tracker_;
@@ -271,6 +271,8 @@ void GradScaler::update() {
   // One host read of the flag (step() has already made one; free on CPU).
   const bool found = found_inf_combined.item<float>() != 0.0f;
   consecutive_overflows_ = found ? consecutive_overflows_ + 1 : 0;
+  // The device's count goes on from here if a fused step comes next.
+  if (on_device_.consecutive_overflows.defined()) on_device_.consecutive_overflows.fill_(consecutive_overflows_);
   if (!options_.dynamic()) return;  // static loss scale: never changes
   // ATen's kernel is PyTorch's rule exactly, as long as the backoff stays above kMinLossScale.
   if (plain_pytorch_rule(options_) &&

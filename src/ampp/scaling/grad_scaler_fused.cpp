@@ -41,7 +41,8 @@ bool GradScaler::step_fused(torch::optim::Optimizer& optimizer, GradScaleAwareOp
   fused.set_grad_scaling(unscaled ? torch::Tensor() : scale_, found_inf);
   optimizer.step();
   OnDeviceCounts& counts = on_device_counts();
-  counts.last_found_inf = found_inf;
+  counts.last_found_inf.copy_(found_inf);
+  counts.fused_steps.add_(1);
   counts.skipped_steps.add_(found_inf.gt(0));
   st.fused = true;
   st.stage = OptState::kStepped;
@@ -67,18 +68,26 @@ GradScaler::OnDeviceCounts& GradScaler::on_device_counts() {
   if (!on_device_.skipped_steps.defined()) {
     const auto options = scale_.options().dtype(torch::kLong);
     on_device_.last_found_inf = torch::zeros({}, scale_.options());
-    on_device_.skipped_steps = torch::zeros({}, options);
     on_device_.consecutive_overflows = torch::full({}, consecutive_overflows_, options);
+    on_device_.fused_steps = torch::zeros({}, options);
+    on_device_.skipped_steps = torch::zeros({}, options);
   }
   return on_device_;
 }
 
 void GradScaler::fold_on_device_counts() const {
   if (!on_device_.skipped_steps.defined()) return;
-  found_inf_last_step_ = on_device_.last_found_inf.item<float>() != 0.0f;
-  skipped_steps_ += on_device_.skipped_steps.item<int64_t>();
-  consecutive_overflows_ = on_device_.consecutive_overflows.item<int64_t>();
-  on_device_ = OnDeviceCounts();
+  const OnDeviceCounts& d = on_device_;
+  const torch::Tensor host =  // one host read for the four
+      torch::stack({d.fused_steps, d.skipped_steps, d.consecutive_overflows, d.last_found_inf.ne(0).to(torch::kLong)})
+          .cpu();
+  const auto count = host.accessor<int64_t, 1>();
+  if (count[0] == 0) return;  // no fused step since the last fold: the host counts are current
+  skipped_steps_ += count[1];
+  consecutive_overflows_ = count[2];
+  found_inf_last_step_ = count[3] != 0;
+  d.fused_steps.zero_();
+  d.skipped_steps.zero_();
 }
 
 bool GradScaler::found_inf_last_step() const {

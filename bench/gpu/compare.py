@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The GPU benchmark: ampp (bench/gpu/gpu_bench.cpp) beside Python PyTorch (python_side.py) on the same
+device, in the same run, case by case: the same model, batch, precision and fused optimizer, synthetic data.
+Prints a markdown table: items (images or tokens) per second, ms per step, peak allocated GPU memory
+(max_memory_allocated on both sides), the ratios ampp/Python, each side's AMP speedup over its fp32, and the
+limit: this GPU's measured bf16 matrix-product rate, with the GPT's model FLOP utilisation against it.
+
+    python3 bench/gpu/compare.py --ampp build/bench/gpu/ampp_gpu_bench [--out table.md] [--budget-s 420]
+    python3 bench/gpu/compare.py --ampp ... --device cpu --quick     # both sides run: CI's check
+
+Cases run in order of importance until --budget-s is spent; the rest are listed as not run. A case whose
+model or parameter count differs between the sides, or whose loss is not finite, fails the run.
+"""
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "examples" / "python"))
+from gpt import PRESETS  # noqa: E402
+
+# (model, precision, channels_last, ampp's extra flags, Python's extra flags), most important first.
+GPU_CASES = [
+    ("cnn", "fp32", True, [], []),
+    ("cnn", "bf16", True, [], []),
+    ("cnn", "fp16", True, [], []),
+    ("cnn", "bf16", True, ["--cuda-graphs"], ["--compile", "reduce-overhead"]),
+    ("gpt2-124m", "bf16", False, [], []),
+    ("gpt2-124m", "tf32", False, [], []),
+    ("gpt2-124m", "fp16", False, [], []),
+    ("resnet50", "fp32", False, [], []),
+    ("resnet50", "bf16", True, [], []),
+    ("resnet50", "fp16", True, [], []),
+    ("resnet50", "tf32", False, [], []),
+    ("resnet50", "bf16", False, [], []),
+    ("resnet50", "fp16", False, [], []),
+    ("cnn", "tf32", True, [], []),
+    ("cnn", "o2-fp16", True, [], []),
+    ("resnet50", "o2-fp16", True, [], []),
+    ("gpt2-124m", "o2-bf16", False, [], []),
+    ("cnn", "fp16", True, ["--cuda-graphs"], ["--compile", "reduce-overhead"]),
+    ("gpt2-124m", "bf16", False, [], ["--compile", "default"]),
+]
+# On a CPU: small shapes, a few steps; what CI checks is that both sides run the same models.
+CPU_CASES = [
+    ("cnn", "fp32", True, ["--batch", "16"], ["--batch", "16"]),
+    ("cnn", "bf16", True, ["--batch", "16"], ["--batch", "16"]),
+    ("cnn", "fp16", False, ["--batch", "16"], ["--batch", "16"]),
+    ("cnn", "o2-bf16", True, ["--batch", "16"], ["--batch", "16"]),
+    ("gpt-tiny", "bf16", False, ["--batch", "4"], ["--batch", "4"]),
+    ("resnet50", "fp32", True, ["--batch", "2"], ["--batch", "2"]),
+]
+
+
+def run_side(command, timeout):
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1]}
+    return json.loads(lines[-1])
+
+
+def bf16_matmul_tflops(python):
+    """The limit: an 8192^3 bf16 matrix product on this GPU, measured now."""
+    code = ("import torch, time\n"
+            "a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); b = torch.randn_like(a)\n"
+            "for _ in range(3): a @ b\n"
+            "torch.cuda.synchronize(); t = time.perf_counter()\n"
+            "for _ in range(20): a @ b\n"
+            "torch.cuda.synchronize(); print(2 * 8192**3 * 20 / (time.perf_counter() - t) / 1e12)\n")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    return float(done.stdout.strip()) if done.returncode == 0 else None
+
+
+def gpt_flops_per_token(model, parameters):
+    """nanoGPT's estimate: 6 N for the matrix products, 12 L H Q T for attention."""
+    p = PRESETS[model]
+    return 6 * parameters + 12 * p["n_layer"] * p["n_embd"] * p["context"]
+
+
+def check_pair(ampp, python):
+    """The reasons a pair fails the run: an error, a loss that is not finite, different models."""
+    problems = [f"{side}: {r['error']}" for side, r in (("ampp", ampp), ("python", python)) if "error" in r]
+    for side, r in (("ampp", ampp), ("python", python)):
+        if "loss" in r and not math.isfinite(r["loss"]):
+            problems.append(f"{side}: the loss is {r['loss']}")
+    if "parameters" in ampp and "parameters" in python and ampp["parameters"] != python["parameters"]:
+        problems.append(f"the models differ: {ampp['parameters']} parameters in ampp, {python['parameters']} in Python")
+    return problems
+
+
+def fmt(value, spec):
+    return format(value, spec) if isinstance(value, (int, float)) and value >= 0 else "-"
+
+
+def table_row(case, ampp, python, limit):
+    model, precision, channels_last, ampp_flags, python_flags = case
+    layout = "NHWC" if channels_last and model != "gpt2-124m" and not model.startswith("gpt") else "-"
+    how = " ".join(f for f in ampp_flags if f.startswith("--cuda")) or "eager"
+    py_how = " ".join(python_flags[python_flags.index("--compile"):][:2]) if "--compile" in python_flags else "eager"
+    a, p = ampp.get("items_per_s", -1), python.get("items_per_s", -1)
+    ratio = fmt(a / p, ".2f") + "x" if a > 0 and p > 0 else "-"
+    am, pm = ampp.get("peak_mib", -1), python.get("peak_mib", -1)
+    mem = fmt(am / pm, ".2f") + "x" if am > 0 and pm > 0 else "-"
+    mfu = "-"
+    if model in PRESETS and limit and a > 0:
+        mfu = f"{100 * a * gpt_flops_per_token(model, ampp['parameters']) / (limit * 1e12):.0f} %"
+    note = python.get("skipped", "")
+    return (f"| {model} | {precision} | {layout} | {how} / {py_how} | {fmt(a, ',.0f')} | {fmt(p, ',.0f')} | {ratio} "
+            f"| {fmt(ampp.get('ms_per_step', -1), '.2f')} | {fmt(python.get('ms_per_step', -1), '.2f')} "
+            f"| {fmt(am, ',.0f')} | {fmt(pm, ',.0f')} | {mem} | {mfu} | {note} |")
+
+
+def speedups(results):
+    """Each side's AMP speedup over its own fp32, per model (eager, the same layout)."""
+    lines = []
+    for model in sorted({c[0] for c, _, _ in results}):
+        eager = {(c[1], c[2]): (a, p) for c, a, p in results if c[0] == model and not c[3] and not c[4]}
+        for (precision, layout), (a, p) in sorted(eager.items()):
+            base = eager.get(("fp32", layout)) or eager.get(("tf32", layout))
+            if precision in ("fp32", "tf32") or not base:
+                continue
+            ra = a.get("items_per_s", 0) / base[0]["items_per_s"] if base[0].get("items_per_s") else 0
+            rp = p.get("items_per_s", 0) / base[1]["items_per_s"] if base[1].get("items_per_s") else 0
+            lines.append(f"- {model} {precision} over fp32: ampp {ra:.2f}x, Python {rp:.2f}x")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ampp", required=True, help="the ampp_gpu_bench program")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="small shapes, 2 steps (the CPU check)")
+    ap.add_argument("--budget-s", type=float, default=420)
+    ap.add_argument("--timeout-s", type=float, default=240, help="per side and case")
+    ap.add_argument("--out", help="also write the table here")
+    args = ap.parse_args()
+    cases = CPU_CASES if args.device == "cpu" else GPU_CASES
+    steps = ["--steps", "2", "--warmup", "1"] if args.quick else []
+    start, results, failures, not_run = time.monotonic(), [], [], []
+    for case in cases:
+        if time.monotonic() - start > args.budget_s:
+            not_run.append(case)
+            continue
+        model, precision, channels_last, ampp_flags, python_flags = case
+        common = ["--model", model, "--precision", precision, "--device", args.device] + steps
+        common += ["--channels-last"] if channels_last else []
+        ampp = run_side([args.ampp] + common + ampp_flags, args.timeout_s)
+        python = run_side([args.python, str(HERE / "python_side.py")] + common + python_flags, args.timeout_s)
+        results.append((case, ampp, python))
+        failures += [f"{model} {precision} {' '.join(ampp_flags)}: {p}" for p in check_pair(ampp, python)]
+        print(f"{model} {precision} {ampp_flags or ''}: ampp {ampp.get('items_per_s', ampp.get('error'))}, "
+              f"python {python.get('items_per_s', python.get('error', python.get('skipped')))}", flush=True)
+    limit = bf16_matmul_tflops(args.python) if args.device.startswith("cuda") else None
+    lines = ["| model | precision | layout | ampp / Python | ampp items/s | Python items/s | ratio | ampp ms | Python ms "
+             "| ampp MiB | Python MiB | memory | MFU | note |", "|" + "---|" * 14]
+    lines += [table_row(c, a, p, limit) for c, a, p in results]
+    lines += [""] + speedups(results)
+    lines += ["", f"Limit: bf16 matrix product (8192^3) measured at {limit:.0f} TFLOP/s on this GPU" if limit
+              else "Limit: not measured (no GPU)"]
+    lines += [f"Not run (budget {args.budget_s:.0f} s spent): " + ", ".join(f"{c[0]} {c[1]}" for c in not_run)] if not_run else []
+    lines += [""] + ["FAILED: " + f for f in failures]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+// ampp's side of the GPU benchmark (bench/gpu/compare.py runs it beside bench/gpu/python_side.py, which
+// trains the same model the same way in Python PyTorch): one model, one precision, synthetic data, and
+// one JSON line: items (images or tokens) per second, ms per step, the peak of allocated GPU memory
+// (what torch.cuda.max_memory_allocated counts) and the last loss.
+//
+//   build/bench/gpu/ampp_gpu_bench --model cnn --precision bf16 [--channels-last] [--cuda-graphs]
+//
+// Precisions: fp32; tf32 (TF32 matmuls and convolutions); fp16 (autocast + GradScaler, O1); bf16
+// (autocast, O1); o2-fp16 and o2-bf16 (ampp::initialize O2: the model cast, FP32 masters). The optimizer
+// is fused: FusedSGD (momentum 0.9) for the conv nets, FusedAdamW for the GPTs, as PyTorch's fused=True.
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <ampp/amp/initialize.h>
+#include <ampp/precision/autocast.h>
+#include <ampp/scaling/cuda_graph_step.h>
+#include <ampp/scaling/fused_optimizers.h>
+#include <ampp/scaling/grad_scaler.h>
+#include <ampp/train/gpt.h>
+
+#include "gpu_memory.h"
+#include "resnet50.h"
+
+namespace {
+
+struct BenchOptions {
+  std::string model = "cnn", precision = "fp32", device = "cuda";
+  int64_t batch = 0, steps = 30, warmup = 10, context = 0;
+  bool channels_last = false, cuda_graphs = false;
+};
+
+// The model and one synthetic batch on the device; `items` per batch: images, or tokens for a GPT.
+struct Workload {
+  std::shared_ptr<ampp::train::ClassifierImpl> model;
+  torch::Tensor x, y;
+  int64_t items = 0;
+  bool is_gpt = false;
+};
+
+Workload make_workload(const BenchOptions& o, const torch::Device& device) {
+  torch::manual_seed(0);
+  Workload w;
+  if (ampp::train::is_gpt(o.model)) {
+    auto g = ampp::train::gpt_preset(o.model);
+    if (o.context > 0) g.context(o.context);
+    const int64_t batch = o.batch > 0 ? o.batch : 8;
+    w.model = ampp::train::make_gpt(g);
+    w.x = torch::randint(0, g.vocab_size(), {batch, g.context()}, torch::kLong);
+    w.y = torch::randint(0, g.vocab_size(), {batch, g.context()}, torch::kLong);
+    w.items = batch * g.context();
+    w.is_gpt = true;
+  } else if (o.model == "resnet50") {
+    const int64_t batch = o.batch > 0 ? o.batch : 128;
+    w.model = ampp::bench::make_resnet50(1000, o.channels_last);
+    w.x = torch::randn({batch, 3, 224, 224});
+    w.y = torch::randint(0, 1000, {batch}, torch::kLong);
+    w.items = batch;
+  } else {
+    TORCH_CHECK(o.model == "cnn", "unknown --model '", o.model, "': cnn, resnet50 or a GPT preset (gpt2-124m, ...)");
+    const int64_t batch = o.batch > 0 ? o.batch : 256;
+    w.model = ampp::train::make_model("cnn", ampp::train::ModelOptions().channels_last(o.channels_last));
+    w.x = torch::randn({batch, 1, 28, 28});
+    w.y = torch::randint(0, 10, {batch}, torch::kLong);
+    w.items = batch;
+  }
+  w.model->to(device);
+  w.x = w.x.to(device);
+  w.y = w.y.to(device);
+  return w;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Workload& w) {
+  if (w.is_gpt)
+    return std::make_unique<ampp::FusedAdamW>(w.model->parameters(),
+                                              torch::optim::AdamWOptions(3e-4).weight_decay(0.1));
+  return std::make_unique<ampp::FusedSGD>(w.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+}
+
+// Cross-entropy over every position: autocast computes it in float32, as in Python.
+torch::Tensor loss_of(const torch::Tensor& logits, const torch::Tensor& y) {
+  return torch::cross_entropy_loss(logits.flatten(0, logits.dim() - 2), y.flatten());
+}
+
+c10::ScalarType low_precision(const std::string& precision) {
+  return precision.find("fp16") != std::string::npos ? torch::kHalf : torch::kBFloat16;
+}
+
+// One training step as a function of the batch tensors in the Workload (static: a CUDA graph reads them).
+struct Trainer {
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  std::unique_ptr<ampp::GradScaler> scaler;
+  std::unique_ptr<ampp::Amp> amp;
+  std::function<torch::Tensor()> step;
+};
+
+// The steps capture the Trainer by address: it lives behind the unique_ptr, where it stays.
+std::unique_ptr<Trainer> make_trainer(const BenchOptions& o, Workload& w, const torch::Device& device) {
+  auto trainer = std::make_unique<Trainer>();
+  Trainer& t = *trainer;
+  t.opt = make_optimizer(w);
+  const auto& p = o.precision;
+  if (p == "fp32" || p == "tf32") {
+    t.step = [&w, tr = &t] {
+      tr->opt->zero_grad();
+      auto loss = loss_of(w.model->forward(w.x), w.y);
+      loss.backward();
+      tr->opt->step();
+      return loss.detach();
+    };
+  } else if (p == "fp16" || p == "bf16") {
+    if (p == "fp16") t.scaler = std::make_unique<ampp::GradScaler>();
+    t.step = [&w, tr = &t, dtype = low_precision(p), type = device.type()] {
+      tr->opt->zero_grad();
+      torch::Tensor loss;
+      {
+        ampp::autocast region(type, dtype);
+        loss = loss_of(w.model->forward(w.x), w.y);
+      }
+      if (!tr->scaler) {
+        loss.backward();
+        tr->opt->step();
+        return loss.detach();
+      }
+      tr->scaler->scale(loss).backward();
+      tr->scaler->step(*tr->opt);
+      tr->scaler->update();
+      return loss.detach();
+    };
+  } else {
+    TORCH_CHECK(p == "o2-fp16" || p == "o2-bf16", "unknown --precision '", p,
+                "': fp32, tf32, fp16, bf16, o2-fp16 or o2-bf16");
+    t.amp = std::make_unique<ampp::Amp>(
+        ampp::initialize(w.model, *t.opt, ampp::Properties("O2").cast_model_type(low_precision(p))));
+    t.step = [&w, tr = &t] {
+      tr->opt->zero_grad();
+      auto loss = loss_of(tr->amp->forward(w.model, w.x), w.y);
+      tr->amp->scale_loss(loss).backward();
+      tr->amp->step();
+      return loss.detach();
+    };
+  }
+  return trainer;
+}
+
+int64_t parameter_count(const torch::nn::Module& model) {
+  int64_t n = 0;
+  for (const auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+nlohmann::json run(const BenchOptions& o) {
+  const torch::Device device(o.device);
+  TORCH_CHECK(!device.is_cuda() || torch::cuda::is_available(),
+              "--device ", o.device, ": no CUDA device visible. Fix: run on a machine with a GPU, or --device cpu.");
+  at::globalContext().setBenchmarkCuDNN(true);  // both sides: cuDNN picks its fastest kernels per shape
+  at::globalContext().setAllowTF32CuBLAS(o.precision == "tf32");
+  at::globalContext().setAllowTF32CuDNN(o.precision == "tf32");
+  Workload w = make_workload(o, device);
+  const auto trainer = make_trainer(o, w, device);
+  std::function<torch::Tensor()> step = trainer->step;
+  std::unique_ptr<ampp::CudaGraphStep> graph;
+  if (o.cuda_graphs) {
+    graph = std::make_unique<ampp::CudaGraphStep>(std::vector<torch::Tensor>{w.x, w.y}, trainer->step);
+    step = [&] { return (*graph)({w.x, w.y}); };
+  }
+  ampp::bench::reset_peak_gpu_memory(device);
+  torch::Tensor loss;
+  for (int64_t s = 0; s < o.warmup; ++s) loss = step();
+  synchronize(device);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < o.steps; ++s) loss = step();
+  synchronize(device);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {{"side", "ampp"}, {"model", o.model}, {"precision", o.precision}, {"channels_last", o.channels_last},
+          {"cuda_graphs", o.cuda_graphs}, {"batch", w.x.size(0)}, {"items_per_step", w.items},
+          {"items_per_s", static_cast<double>(w.items * o.steps) / seconds}, {"ms_per_step", 1e3 * seconds / o.steps},
+          {"peak_mib", ampp::bench::peak_gpu_memory_mib(device)}, {"loss", loss.item<double>()},
+          {"parameters", parameter_count(*w.model)}, {"device", o.device}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchOptions o;
+  CLI::App app{"ampp's side of the GPU benchmark: one JSON line per run (bench/gpu/compare.py)"};
+  app.add_option("--model", o.model, "cnn, resnet50, or a GPT preset (gpt2-124m, gpt-mini, gpt-tiny)");
+  app.add_option("--precision", o.precision, "fp32, tf32, fp16, bf16, o2-fp16, o2-bf16");
+  app.add_option("--batch", o.batch, "batch size (0: 256 cnn, 128 resnet50, 8 GPT)");
+  app.add_option("--context", o.context, "GPT sequence length (0: the preset's)");
+  app.add_option("--steps", o.steps, "timed steps");
+  app.add_option("--warmup", o.warmup, "untimed steps first");
+  app.add_option("--device", o.device, "cuda, cuda:N or cpu");
+  app.add_flag("--channels-last", o.channels_last, "conv nets: NHWC activations");
+  app.add_flag("--cuda-graphs", o.cuda_graphs, "capture the step once and replay it (ampp::CudaGraphStep)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    std::printf("%s\n", run(o).dump().c_str());
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "ampp_gpu_bench: %s\n", e.what_without_backtrace());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,44 @@
+#pragma once
+// What every GPU test file needs: the reason a test skips without a GPU, and c10's sync debug mode as a guard.
+#include <torch/cuda.h>
+#include <torch/torch.h>
+#if AMPP_TEST_TORCH_HAS_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <cstdlib>
+#include <string>
+
+#include "ampp_test.h"
+
+namespace ampp_gpu_test {
+
+inline std::string no_gpu_reason() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return AMPP_TEST_TORCH_HAS_CUDA
+             ? std::string(
+                   "no CUDA device: this LibTorch has CUDA, but torch::cuda::is_available() is false (no GPU "
+                   "or driver on this machine; CUDA_VISIBLE_DEVICES='") +
+                   (visible ? visible : "") + "')"
+             : "no CUDA device: this LibTorch is CPU-only (a CUDA build: AMPP_TORCH=cuda, or scripts/gpu-check.sh "
+               "on a machine with a GPU)";
+}
+
+// Raises a c10::Error at any synchronising CUDA call (c10's sync debug mode) while alive.
+class ErrorOnCudaSync {
+ public:
+#if AMPP_TEST_TORCH_HAS_CUDA
+  ErrorOnCudaSync() : before_(c10::cuda::warning_state().get_sync_debug_mode()) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~ErrorOnCudaSync() { c10::cuda::warning_state().set_sync_debug_mode(before_); }
+
+ private:
+  c10::cuda::SyncDebugMode before_;
+#endif
+};
+
+}  // namespace ampp_gpu_test
+
+#define AMPP_REQUIRE_GPU() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << ampp_gpu_test::no_gpu_reason()
