@@ -79,6 +79,18 @@ build_full() {
   cmake --build "$build" -j "$(nproc)" --target "$target" >> "$log" 2>&1 || { tail -40 "$log"; exit 1; }
 }
 
+# One short synthetic-data run of `ampp train $4`, and its images/s and test accuracy in summary.txt.
+train_once() {
+  local out=$1 build=$2 python=$3 flags=$4
+  # shellcheck disable=SC2086
+  "$build/bin/ampp" train --data synthetic:32768 --epochs 1 --quiet --no-plots --out "$build/run" $flags \
+    >> "$out/train-runs.log" 2>&1 &&
+    echo "$flags: $("$python" -c 'import json, sys; s = json.load(open(sys.argv[1]));
+print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_accuracy"]))' \
+      "$build/run/summary.json")" | tee -a "$out/summary.txt" ||
+    { echo "$flags: failed (train-runs.log)" | tee -a "$out/summary.txt"; return 1; }
+}
+
 train() {
   local out=${1:?usage: scripts/gpu-check.sh train OUT}
   mkdir -p "$out"
@@ -87,16 +99,18 @@ train() {
   echo "gpu-check train: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
   local precision device failed=0
   for precision in "--opt-level O0" "--opt-level O1 --dtype bf16" "--opt-level O1 --dtype fp16"; do
-    for device in cuda cpu; do
-      # shellcheck disable=SC2086
-      "$build/bin/ampp" train --device "$device" --data synthetic:32768 --epochs 1 --quiet --no-plots \
-        --out "$build/run" $precision >> "$out/train-runs.log" 2>&1 &&
-        echo "$device $precision: $("$python" -c 'import json, sys; s = json.load(open(sys.argv[1]));
-print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_accuracy"]))' \
-          "$build/run/summary.json")" | tee -a "$out/summary.txt" ||
-        { echo "$device $precision: failed (train-runs.log)" | tee -a "$out/summary.txt"; failed=1; }
+    # The CPU with one worker: --nproc auto would first measure every layout of that machine's cores.
+    for device in "cuda" "cpu --nproc 1"; do
+      train_once "$out" "$build" "$python" "--device $device $precision" || failed=1
     done
   done
+  # Two workers sharing the GPU: DDP over Gloo on CUDA tensors, one GPU per local rank modulo the GPUs.
+  train_once "$out" "$build" "$python" "--device cuda --nproc 2 --opt-level O1 --dtype bf16" || failed=1
+  # `ampp bench` on the GPU: the opt levels against O0, and the fused unscale against a copy.
+  { "$build/bin/ampp" bench --device cuda --models mlp cnn > "$build/bench.txt" 2>&1 &&
+      tail -4 "$build/bench.txt" | tee -a "$out/summary.txt"; } ||
+    { echo "ampp bench --device cuda: failed" | tee -a "$out/summary.txt"; failed=1; }
+  cat "$build/bench.txt" >> "$out/train-runs.log" 2>/dev/null || true
   return $failed
 }
 

@@ -13,10 +13,10 @@
 #include <functional>
 #include <string>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <ampp/amp/initialize.h>
 #include <ampp/precision/autocast.h>
@@ -161,8 +161,8 @@ void synchronize(const torch::Device& device) {
 
 nlohmann::json run(const BenchOptions& o) {
   const torch::Device device(o.device);
-  TORCH_CHECK(!device.is_cuda() || torch::cuda::is_available(),
-              "--device ", o.device, ": no CUDA device visible. Fix: run on a machine with a GPU, or --device cpu.");
+  TORCH_CHECK(!device.is_cuda() || torch::cuda::is_available(), "--device ", o.device,
+              ": no CUDA device visible. Fix: run on a machine with a GPU, or --device cpu.");
   at::globalContext().setBenchmarkCuDNN(true);  // both sides: cuDNN picks its fastest kernels per shape
   at::globalContext().setAllowTF32CuBLAS(o.precision == "tf32");
   at::globalContext().setAllowTF32CuDNN(o.precision == "tf32");
@@ -182,11 +182,19 @@ nlohmann::json run(const BenchOptions& o) {
   for (int64_t s = 0; s < o.steps; ++s) loss = step();
   synchronize(device);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {{"side", "ampp"}, {"model", o.model}, {"precision", o.precision}, {"channels_last", o.channels_last},
-          {"cuda_graphs", o.cuda_graphs}, {"batch", w.x.size(0)}, {"items_per_step", w.items},
-          {"items_per_s", static_cast<double>(w.items * o.steps) / seconds}, {"ms_per_step", 1e3 * seconds / o.steps},
-          {"peak_mib", ampp::bench::peak_gpu_memory_mib(device)}, {"loss", loss.item<double>()},
-          {"parameters", parameter_count(*w.model)}, {"device", o.device}};
+  return {{"side", "ampp"},
+          {"model", o.model},
+          {"precision", o.precision},
+          {"channels_last", o.channels_last},
+          {"cuda_graphs", o.cuda_graphs},
+          {"batch", w.x.size(0)},
+          {"items_per_step", w.items},
+          {"items_per_s", static_cast<double>(w.items * o.steps) / seconds},
+          {"ms_per_step", 1e3 * seconds / o.steps},
+          {"peak_mib", ampp::bench::peak_gpu_memory_mib(device)},
+          {"loss", loss.item<double>()},
+          {"parameters", parameter_count(*w.model)},
+          {"device", o.device}};
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ struct BottleneckImpl : nn::Module {
     conv3 = register_module("conv3", conv(width, 4 * width, 1, 1));
     bn3 = register_module("bn3", nn::BatchNorm2d(4 * width));
     if (stride != 1 || in != 4 * width)
-      downsample = register_module("downsample", nn::Sequential(conv(in, 4 * width, 1, stride), nn::BatchNorm2d(4 * width)));
+      downsample =
+          register_module("downsample", nn::Sequential(conv(in, 4 * width, 1, stride), nn::BatchNorm2d(4 * width)));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto y = torch::relu(bn1(conv1(x)));

@@ -80,8 +80,10 @@ TEST(GpuCudaGraph, ReplayEqualsEagerBitForBitWithInjectedInfs) {
   EXPECT_EQ(graphed_scales, eager_scales);  // the whole trajectory, backoffs and growths
   EXPECT_GT(std::set<double>(eager_scales.begin(), eager_scales.end()).size(), 3u) << "the scale should move";
   for (size_t s = 0; s < eager_losses.size(); ++s) {
-    if (std::isnan(eager_losses[s])) EXPECT_TRUE(std::isnan(graphed_losses[s])) << "step " << s;
-    else EXPECT_EQ(graphed_losses[s], eager_losses[s]) << "step " << s;
+    if (std::isnan(eager_losses[s]))
+      EXPECT_TRUE(std::isnan(graphed_losses[s])) << "step " << s;
+    else
+      EXPECT_EQ(graphed_losses[s], eager_losses[s]) << "step " << s;
   }
   const auto want = eager.net->parameters(), got = graphed.net->parameters();
   for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << "parameter " << i;
@@ -94,12 +96,16 @@ TEST(GpuCudaGraph, RefusesASynchronisingStepAnotherShapeAndAnOuterAutocast) {
   Trainee t;
   auto x = torch::zeros({64, 32}, torch::kCUDA);
   auto y = torch::zeros({64}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
-  ampp::CudaGraphStep reads_loss({x, y}, [&] {
-    auto loss = t.step(x, y);
-    if (loss.item<float>() > 1e9) loss.zero_();  // a host read: fine eagerly, impossible in a graph
-    return loss;
-  }, ampp::CudaGraphStepOptions().warmup_steps(1));
-  EXPECT_THAT([&] { reads_loss({x, y}); }, ::testing::ThrowsMessage<c10::Error>(HasSubstr("synchronises with the host")));
+  ampp::CudaGraphStep reads_loss(
+      {x, y},
+      [&] {
+        auto loss = t.step(x, y);
+        if (loss.item<float>() > 1e9) loss.zero_();  // a host read: fine eagerly, impossible in a graph
+        return loss;
+      },
+      ampp::CudaGraphStepOptions().warmup_steps(1));
+  EXPECT_THAT([&] { reads_loss({x, y}); },
+              ::testing::ThrowsMessage<c10::Error>(HasSubstr("synchronises with the host")));
 
   ampp::CudaGraphStep step({x, y}, [&] { return t.step(x, y); });
   EXPECT_THAT([&] { step({torch::zeros({63, 32}), y}); },

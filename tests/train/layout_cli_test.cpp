@@ -248,3 +248,25 @@ TEST(AllreduceCli, TwoMachinesOfTwoWorkersTrainLikeOneMachineOfFour) {
 }
 
 }  // namespace
+
+// --fsdp changes what the fastest layout is (collectives per unit, not per bucket), so it is part of the
+// job's key: the same job with and without it is measured and cached as two jobs.
+TEST(LayoutCli, FsdpIsMeasuredAsAJobOfItsOwn) {
+  if (ampp::usable_cores() < 2) GTEST_SKIP() << "one core: there is only one layout";
+  ampp_test::TempDir tmp;
+  const fs::path cache = tmp.path() / "cache", file = cache / "ampp" / "layouts.json";
+  const auto run = [&](const std::string& name, const std::string& extra) {
+    return ampp_test::run_shell("XDG_CACHE_HOME=" + cache.string() + " " + AMPP_CLI +
+                                " train --data synthetic:384 --batch-size 32 --threads 1 --no-plots --steps 3 "
+                                "--model cnn --quiet --out " +
+                                (tmp.path() / name).string() + " " + extra);
+  };
+  ASSERT_EQ(run("ddp", "").code, 0);
+  const auto r = run("fsdp", "--fsdp");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto jobs = read_json(file);
+  ASSERT_EQ(jobs.size(), 2u) << jobs.dump();
+  int with_fsdp = 0;
+  for (const auto& [key, rates] : jobs.items()) with_fsdp += key.find(" fsdp=1") != std::string::npos;
+  EXPECT_EQ(with_fsdp, 1) << jobs.dump();
+}

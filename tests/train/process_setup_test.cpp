@@ -1,4 +1,5 @@
-// Process-wide setup `ampp train` runs: glibc keeps freed buffers, BLAS and LibTorch share a thread count.
+// Process-wide setup `ampp train` runs: glibc keeps freed buffers (or, for --fsdp, returns them), BLAS and LibTorch
+// share a thread count.
 #include <ampp/train/allocator.h>
 #include <ampp/util/threads.h>
 #include <gtest/gtest.h>
@@ -33,6 +34,24 @@ TEST(RetainFreedMemory, BuffersUpTo32MiBComeFromTheHeapAndStayThere) {
   EXPECT_GE(heap_with_block, bytes);
   std::free(block);
   EXPECT_EQ(mallinfo2().arena, heap_with_block) << "the heap was trimmed after the free";
+}
+
+// The opposite setting (--fsdp's): a block of 128 KiB or more has a mapping of its own, gone when freed,
+// even after a free that would have raised glibc's sliding threshold.
+TEST(ReturnFreedMemory, BuffersFrom128KiBGetTheirOwnMappingAndGiveItBack) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer replaces malloc: glibc's mallopt/mallinfo2 do not apply";
+#endif
+  ASSERT_TRUE(ampp::train::return_freed_memory());
+  for (const size_t bytes : {size_t{256} << 10, size_t{4} << 20, size_t{256} << 10}) {
+    const size_t mapped_before = mallinfo2().hblkhd;
+    char* block = static_cast<char*>(std::malloc(bytes));
+    ASSERT_NE(block, nullptr);
+    std::memset(block, 1, bytes);
+    EXPECT_GE(mallinfo2().hblkhd, mapped_before + bytes) << bytes << " bytes came from the heap";
+    std::free(block);
+    EXPECT_EQ(mallinfo2().hblkhd, mapped_before) << bytes << " bytes stayed mapped after the free";
+  }
 }
 #endif
 

@@ -3,6 +3,7 @@
 //      share of the step spent in ampp's own machinery (scaler, casts, master copies);
 //   2. the fused gradient unscale + inf/NaN check against a plain copy of the same bytes (the memory
 //      bandwidth limit) and against the naive per-tensor isfinite().all() + mul_.
+// On the CPU by default, or on a GPU with --device cuda (each timed step waits for the GPU).
 // Every number is a ratio to a baseline measured in the same run: absolute times on a shared
 // machine drift by tens of percent, ratios much less. The full Google Benchmark suites are in bench/.
 #include "command_registry.h"
@@ -15,6 +16,7 @@
 #include <ampp/util/threads.h>
 
 #include <fmt/core.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,7 +34,21 @@ struct BenchOptions {
   int steps = 10;
   int threads = 0;
   int64_t unscale_mib = 64;
+  std::string device = "cpu";  // or cuda / cuda:N
 };
+
+// Waits for the device's queued work, so that a timing covers it (a no-op on the CPU).
+void wait_for(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
+}
+
+torch::Device bench_device(const std::string& text) {
+  const torch::Device device(text);
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "--device must be cpu, cuda or cuda:N, got '", text, "'");
+  TORCH_CHECK(device.is_cpu() || torch::cuda::is_available(), "--device ", text,
+              ": no CUDA GPU is visible to this process (a CPU-only LibTorch, or no GPU or driver); use --device cpu");
+  return device;
+}
 
 double median_seconds(int repeats, const std::function<void()>& body) {
   std::vector<double> times;
@@ -56,20 +72,23 @@ struct OptLevelTiming {
 // Median seconds per training step of `model_name` at `level`, and where ampp's own time went.
 OptLevelTiming time_opt_level(const std::string& model_name, const std::string& level, const BenchOptions& options) {
   torch::manual_seed(0);
+  const torch::Device device(options.device);
   auto model = ampp::train::make_model(model_name);
+  model->to(device);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   const auto dtype = ampp::parse_low_precision_dtype(options.dtype, "--dtype");
   ampp::Properties props(level);
   props.dtype(dtype).profile(true).verbosity(0);
   if (!options.loss_scale.empty() && level != "O0") props.loss_scale(ampp::LossScale(options.loss_scale));
   auto amp = ampp::initialize(model, optimizer, props);
-  auto images = torch::randn({options.batch_size, 1, 28, 28});
-  auto labels = torch::randint(10, {options.batch_size}, torch::kLong);
+  auto images = torch::randn({options.batch_size, 1, 28, 28}).to(device);
+  auto labels = torch::randint(10, {options.batch_size}, torch::kLong).to(device);
   auto step = [&] {
     amp.zero_grad();
     auto loss = torch::nn::functional::cross_entropy(amp.forward(model, images), labels);
     amp.scale_loss(loss).backward();
     amp.step();
+    wait_for(device);
   };
   step();  // warm-up: kernel selection, allocator, lazy registrations
   const auto before = amp.profile();
@@ -83,10 +102,11 @@ OptLevelTiming time_opt_level(const std::string& model_name, const std::string& 
 }
 
 int run_bench(const BenchOptions& options) {
+  const torch::Device device = bench_device(options.device);
   ampp::train::retain_freed_memory();  // as `ampp train` does, so steps are timed as they train
   ampp::set_compute_threads(options.threads > 0 ? options.threads : at::get_num_threads());
-  fmt::print("ampp bench: {} intra-op threads, batch {}, low precision {}, loss scale {}, median of {} steps\n\n",
-             at::get_num_threads(), options.batch_size, options.dtype,
+  fmt::print("ampp bench on {}: {} intra-op threads, batch {}, low precision {}, loss scale {}, median of {} steps\n\n",
+             device.str(), at::get_num_threads(), options.batch_size, options.dtype,
              options.loss_scale.empty() ? "per opt level" : options.loss_scale, options.steps);
   fmt::print("{:<6} {:<4} {:>12} {:>10} {:>16}   {}\n", "model", "opt", "step (ms)", "vs O0", "ampp machinery",
              "of which, us/step: scaler  copies  casts");
@@ -105,15 +125,19 @@ int run_bench(const BenchOptions& options) {
   // 64 tensors, options.unscale_mib MiB of fp32 gradients in all.
   const int64_t count = 64, per_tensor = options.unscale_mib * (1 << 20) / 4 / count;
   std::vector<torch::Tensor> grads;
-  for (int64_t i = 0; i < count; ++i) grads.push_back(torch::rand({per_tensor}));
+  for (int64_t i = 0; i < count; ++i) grads.push_back(torch::rand({per_tensor}).to(device));
   auto sources = grads;
   for (auto& s : sources) s = s.clone();
-  auto found_inf = torch::zeros({1});
-  auto inv_scale = torch::full({1}, 0.5f);
+  auto found_inf = torch::zeros({1}).to(device);
+  auto inv_scale = torch::full({1}, 0.5f).to(device);
   const double bytes = 2.0 * count * per_tensor * 4;  // each value read once and written once
-  double fused = median_seconds(5, [&] { ampp::numerics::non_finite_check_and_unscale_(grads, found_inf, inv_scale); });
+  double fused = median_seconds(5, [&] {
+    ampp::numerics::non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+    wait_for(device);
+  });
   double copy = median_seconds(5, [&] {
     for (int64_t i = 0; i < count; ++i) grads[i].copy_(sources[i]);
+    wait_for(device);
   });
   double naive = median_seconds(3, [&] {
     for (auto& g : grads) {
@@ -156,6 +180,7 @@ int run_bench(const BenchOptions& options) {
            ->check(CLI::NonNegativeNumber);
        sub.add_option("--unscale-mib", options->unscale_mib, "gradient MiB for the unscale benchmark")
            ->check(CLI::Range(1, 4096));
+       sub.add_option("--device", options->device, "cpu, cuda or cuda:N (the GPU: AMPP_TORCH=cuda, docs/gpu.md)");
        return [options] { return run_bench(*options); };
      }});
 

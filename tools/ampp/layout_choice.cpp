@@ -5,6 +5,7 @@
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/gpt.h>
+#include <ampp/train/options.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/cache_dir.h>
 #include <ampp/util/parse_number.h>
@@ -17,6 +18,7 @@
 #include <fmt/ranges.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -228,6 +230,13 @@ std::string default_layout_cache() { return (fs::path(user_cache_dir()) / "layou
 LayoutChoice choose_layout(const train::TrainOptions& o, const std::string& self_exe, const std::string& cache_file) {
   if (const auto world = checkpoint_world_size(o))
     return {*world, fmt::format("{}: as the checkpoint being resumed", workers_label(*world, o))};
+  // On GPUs the layout is one worker per GPU (cuda:N names one): workers sharing a GPU only queue behind
+  // each other, and measuring that would cost a run per layout.
+  const torch::Device device = train::device_of(o);
+  if (device.is_cuda()) {
+    const int gpus = device.has_index() ? 1 : std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
+    return {gpus, fmt::format("{}: one worker per GPU", workers_label(gpus, o))};
+  }
   const auto nprocs = candidates(o);
   if (nprocs.size() == 1) return {1, workers_label(1, o) + ": one core"};
   const std::string key = job_key(o);

@@ -1,7 +1,7 @@
 // FullyShardedDataParallel's checkpoints: the full state dict (every shard gathered; what torch.load and
 // an unsharded model read) and one file per rank holding its shards (same world size and rank only).
 #include <ampp/amp/pytorch_checkpoint.h>
-#include <ampp/util/atomic_file.h>
+#include <ampp/util/archive_bytes.h>
 
 #include <torch/serialize.h>
 
@@ -26,12 +26,6 @@ torch::Tensor gather_full(const ProcessGroup& group, const detail::ShardedParam&
     group.c10d()->allgather(out, in)->wait();
   }
   return all.narrow(0, 0, p.rows).reshape(p.param.sizes()).cpu();
-}
-
-std::string archive_bytes(torch::serialize::OutputArchive& archive) {
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
 }
 
 }  // namespace
@@ -104,7 +98,7 @@ void FullyShardedDataParallel::save_sharded(const std::string& path, const torch
     optimizer->save(state);
     archive.write("optimizer", state);
   }
-  write_file_atomic(path, archive_bytes(archive));
+  save_archive_atomic(archive, path);
 }
 
 void FullyShardedDataParallel::load_sharded(const std::string& path, torch::optim::Optimizer* optimizer) {

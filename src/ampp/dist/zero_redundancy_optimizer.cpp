@@ -2,6 +2,7 @@
 // move shards between ranks as archives of the wrapped optimizer.
 #include <ampp/dist/reducer.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
+#include <ampp/util/archive_bytes.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/optimizer_compat.h>
 
@@ -10,7 +11,6 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
-#include <sstream>
 
 namespace ampp::dist {
 namespace {
@@ -18,16 +18,10 @@ namespace {
 using torch::optim::Optimizer;
 using torch::optim::OptimizerParamGroup;
 
-std::string bytes_of(torch::serialize::OutputArchive& archive) {  // save_to is not const
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-std::string archive_bytes(const Optimizer& optimizer) {
+std::string optimizer_bytes(const Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);
-  return bytes_of(archive);
+  return archive_bytes(archive);
 }
 
 std::vector<torch::Tensor> params_of(const std::vector<OptimizerParamGroup>& groups) {
@@ -216,7 +210,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   TORCH_CHECK(to >= 0 && to < group_.size(), "consolidate_state_dict: rank ", to, " is not in the group (ranks 0..",
               group_.size() - 1, ")");
   sync_options_to_local();
-  const auto shards = gather_bytes(group_, archive_bytes(*local_), to);
+  const auto shards = gather_bytes(group_, optimizer_bytes(*local_), to);
   consolidated_.reset();
   if (group_.rank() != to) return;
   auto full = factory_(param_groups_);
@@ -255,7 +249,7 @@ void ZeroRedundancyOptimizer::load_from(Optimizer& unsharded) {
 void ZeroRedundancyOptimizer::save_consolidated(const std::string& path, int to) {
   consolidate_state_dict(to);
   if (group_.rank() == to) {
-    write_file_atomic(path, archive_bytes(*consolidated_));
+    write_file_atomic(path, optimizer_bytes(*consolidated_));
     consolidated_.reset();  // the whole state is only needed while it is written
   }
 }
@@ -271,7 +265,7 @@ void ZeroRedundancyOptimizer::save_shard(const std::string& path) const {
   archive.write("rank", torch::tensor(static_cast<int64_t>(group_.rank())));
   archive.write("owners", owners_tensor());
   archive.write("local_optimizer", local);
-  write_file_atomic(path, bytes_of(archive));
+  save_archive_atomic(archive, path);
 }
 
 void ZeroRedundancyOptimizer::load_shard(const std::string& path) {

@@ -51,7 +51,8 @@ void check_can_capture(const std::vector<torch::Tensor>& static_inputs, const Cu
   TORCH_CHECK(options.warmup_steps() >= 1, "CudaGraphStep: warmup_steps is ", options.warmup_steps(),
               "; at least 1 eager step must run before the capture, since what a step creates lazily (cuBLAS "
               "handles, optimizer state) cannot be created inside one.");
-  TORCH_CHECK(!static_inputs.empty(), "CudaGraphStep: no static inputs. Fix: pass the GPU tensors the step reads "
+  TORCH_CHECK(!static_inputs.empty(),
+              "CudaGraphStep: no static inputs. Fix: pass the GPU tensors the step reads "
               "(a batch's inputs and targets); each call copies its batch into them.");
   for (size_t i = 0; i < static_inputs.size(); ++i) {
     const torch::Tensor& t = static_inputs[i];
@@ -64,8 +65,7 @@ void check_can_capture(const std::vector<torch::Tensor>& static_inputs, const Cu
 
 }  // namespace
 
-CudaGraphStep::CudaGraphStep(std::vector<torch::Tensor> static_inputs, StepFunction step,
-                             CudaGraphStepOptions options)
+CudaGraphStep::CudaGraphStep(std::vector<torch::Tensor> static_inputs, StepFunction step, CudaGraphStepOptions options)
     : static_inputs_(std::move(static_inputs)), step_(std::move(step)), options_(options) {
   check_can_capture(static_inputs_, options_);
   TORCH_CHECK(step_, "CudaGraphStep: the step function is empty.");
@@ -81,7 +81,8 @@ void CudaGraphStep::copy_inputs(const std::vector<torch::Tensor>& inputs) {
     // copy_ would broadcast a smaller batch silently: a graph replays the captured shapes, so they must match.
     TORCH_CHECK(inputs[i].sizes() == static_inputs_[i].sizes() && inputs[i].dtype() == static_inputs_[i].dtype(),
                 "CudaGraphStep: input ", i, " is ", shape_and_dtype(inputs[i]), ", and the step was captured for ",
-                shape_and_dtype(static_inputs_[i]), ". A CUDA graph replays fixed shapes. Fix: give every batch "
+                shape_and_dtype(static_inputs_[i]),
+                ". A CUDA graph replays fixed shapes. Fix: give every batch "
                 "the same shape (drop the last partial batch), or run this batch without the graph.");
     static_inputs_[i].copy_(inputs[i], /*non_blocking=*/true);
   }

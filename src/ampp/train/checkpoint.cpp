@@ -1,6 +1,7 @@
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 
+#include <ampp/util/archive_bytes.h>
 #include <ampp/util/atomic_file.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -12,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 
 #include "little_endian.h"
 #include "torch_compat.h"
@@ -91,9 +91,7 @@ std::string read_checkpoint_bytes(const std::string& path) {
 }
 
 void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) {
-  std::ostringstream out;
-  archive.save_to(out);
-  write_checkpoint_bytes(path, out.str());
+  write_checkpoint_bytes(path, archive_bytes(archive));
 }
 
 void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path) {
@@ -194,9 +192,7 @@ std::string training_checkpoint_bytes(const TrainingObjects& objects, const RunP
   file.write("amp", amp);
   file.write("sampler", sampler);
   file.write("trainer", trainer);
-  std::ostringstream payload;
-  file.save_to(payload);
-  return checkpoint_file_bytes(payload.str());
+  return checkpoint_file_bytes(archive_bytes(file));
 }
 
 void save_training_checkpoint(const std::string& path, const TrainingObjects& objects, const RunPosition& position) {

@@ -1,0 +1,111 @@
+// ampp's data parallelism on a real GPU, where one GPU allows it: world size 1 over NCCL (and over Gloo
+// on CUDA tensors). DDP, ZeRO-1 and SyncBatchNorm must then train exactly as the same model without them
+// (a sum over one rank is the value itself), so these compare bit for bit with plain training on the GPU.
+// More ranks need more GPUs (NCCL refuses two ranks on one GPU); `ampp train --nproc 2 --device cuda`
+// (Gloo, one GPU shared) runs in scripts/gpu-check.sh's train step.
+#include <ampp/dist/ddp.h>
+#include <ampp/dist/process_group.h>
+#include <ampp/dist/sync_batch_norm.h>
+#include <ampp/dist/zero_redundancy_optimizer.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+
+namespace {
+
+// The default group for one test: world size 1 on `backend`, ended before the next (it is process-wide).
+class OneRankGroup {
+ public:
+  explicit OneRankGroup(const std::string& backend)
+      : pg_(ampp::dist::init_process_group(ampp::dist::InitOptions()
+                                               .backend(backend)
+                                               .init_method("tcp://127.0.0.1:" + std::to_string(ampp_test::free_port()))
+                                               .rank(0)
+                                               .world_size(1))) {}
+  ~OneRankGroup() { ampp::dist::destroy_process_group(); }
+  const ampp::dist::ProcessGroup& pg() const { return pg_; }
+
+ private:
+  ampp::dist::ProcessGroup pg_;
+};
+
+torch::nn::Sequential small_net(bool sync_batch_norm) {
+  torch::manual_seed(5);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
+  if (sync_batch_norm)
+    net->push_back(ampp::dist::SyncBatchNorm(8));
+  else
+    net->push_back(torch::nn::BatchNorm2d(8));
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::Flatten());
+  net->push_back(torch::nn::Linear(8 * 8 * 8, 10));
+  net->to(torch::kCUDA);
+  return net;
+}
+
+std::vector<torch::Tensor> batch(int step) {
+  torch::manual_seed(100 + step);
+  return {torch::randn({16, 3, 8, 8}).to(torch::kCUDA), torch::randint(0, 10, {16}).to(torch::kCUDA)};
+}
+
+// Four SGD steps of `net` through `forward`, with `opt`; the parameters after them.
+template <typename Forward>
+std::vector<torch::Tensor> train4(torch::nn::Sequential& net, torch::optim::Optimizer& opt, Forward forward) {
+  for (int step = 0; step < 4; ++step) {
+    const auto b = batch(step);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(forward(b[0]), b[1]).backward();
+    opt.step();
+  }
+  std::vector<torch::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().cpu());
+  return out;
+}
+
+std::vector<torch::Tensor> plain_training() {
+  auto net = small_net(false);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  return train4(net, opt, [&](const torch::Tensor& x) { return net->forward(x); });
+}
+
+void expect_same(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << what << ": parameter " << i;
+}
+
+}  // namespace
+
+TEST(GpuDist, DdpAtWorldSizeOneTrainsAsPlainTrainingOverNcclAndGloo) {
+  AMPP_REQUIRE_GPU();
+  const auto want = plain_training();
+  for (const std::string backend : {"nccl", "gloo"}) {
+    OneRankGroup group(backend);
+    auto net = small_net(false);
+    ampp::dist::DistributedDataParallel ddp(net, group.pg());
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    expect_same(train4(net, opt, [&](const torch::Tensor& x) { return ddp->forward(x); }), want, "DDP " + backend);
+  }
+}
+
+TEST(GpuDist, ZeroAndSyncBatchNormAtWorldSizeOneOverNcclTrainAsPlainTraining) {
+  AMPP_REQUIRE_GPU();
+  const auto want = plain_training();
+  OneRankGroup group("nccl");
+  {
+    auto net = small_net(false);
+    auto zero = ampp::dist::ZeroRedundancyOptimizer::of<torch::optim::SGD>(
+        net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9),
+        ampp::dist::ZeroRedundancyOptimizerOptions().process_group(group.pg()));
+    expect_same(train4(net, zero, [&](const torch::Tensor& x) { return net->forward(x); }), want, "ZeRO-1");
+  }
+  {
+    auto net = small_net(true);  // SyncBatchNorm in place of BatchNorm2d, the same parameters
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    const auto got = train4(net, opt, [&](const torch::Tensor& x) { return net->forward(x); });
+    ASSERT_EQ(got.size(), want.size());
+    // Its statistics are summed through the group (mean and variance from sums): equal within rounding.
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-5)) << i;
+  }
+}
