@@ -67,16 +67,19 @@ run() {
 # `ampp train --device cuda` there: the whole library and the CLI (that machine has protobuf, boost and
 # CLI11), then short synthetic-data runs per precision, each beside the same run on the CPU's cores.
 # Never run on a GPU yet (docs/gpu.md): a first run may well stop in the build; its log says where.
-# The whole library, Release, for the GPU's architecture (train and bench share it): builds `$3` into `$1`,
-# logging to `$2`.
+# The whole library, Release, for the GPU's architecture (train and bench share it): builds target $4 in
+# folder $1 with $5's torch, logs to OUT ($2) / $3, and says how long it took in OUT / $6.
 build_full() {
-  local build=$1 log=$2 target=$3 python=$4 arch
+  local build=$1 out=$2 target=$4 python=$5 start=$SECONDS arch
+  local log=$out/$3
+  mkdir -p "$out"
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${arch:-9.0}}
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMPP_TORCH=wheel -DAMPP_PYTHON="$python" \
     -DCMAKE_PREFIX_PATH="$kit/usr" -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF \
     -DAMPP_BUILD_GPU_BENCH=ON >> "$log" 2>&1 || { tail -30 "$log"; exit 1; }
   cmake --build "$build" -j "$(nproc)" --target "$target" >> "$log" 2>&1 || { tail -40 "$log"; exit 1; }
+  echo "gpu-check: $target configured and built in $((SECONDS - start)) s" | tee -a "$out/$6"
 }
 
 # One short synthetic-data run of `ampp train $4`, and its images/s and test accuracy in summary.txt.
@@ -93,10 +96,8 @@ print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_acc
 
 train() {
   local out=${1:?usage: scripts/gpu-check.sh train OUT}
-  mkdir -p "$out"
-  local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train} start=$SECONDS
-  build_full "$build" "$out/train-build.log" ampp_cli "$python"
-  echo "gpu-check train: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train}
+  build_full "$build" "$out" train-build.log ampp_cli "$python" summary.txt
   local precision device failed=0
   for precision in "--opt-level O0" "--opt-level O1 --dtype bf16" "--opt-level O1 --dtype fp16"; do
     # The CPU with one worker: --nproc auto would first measure every layout of that machine's cores.
@@ -119,10 +120,8 @@ train() {
 # build of `train` is reused where the machine is still warm.
 bench() {
   local out=${1:?usage: scripts/gpu-check.sh bench OUT}
-  mkdir -p "$out"
   local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train} start=$SECONDS
-  build_full "$build" "$out/bench-build.log" ampp_gpu_bench "$python"
-  echo "gpu-check bench: configured and built in $((SECONDS - start)) s" | tee -a "$out/gpu_bench.log"
+  build_full "$build" "$out" bench-build.log ampp_gpu_bench "$python" gpu_bench.log
   local code=0
   "$python" "$root/bench/gpu/compare.py" --ampp "$build/bench/gpu/ampp_gpu_bench" --python "$python" \
     --budget-s "${AMPP_GPU_BENCH_BUDGET_S:-300}" --out "$out/gpu_bench.md" >> "$out/gpu_bench.log" 2>&1 || code=$?
