@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
+#include <exception>
 #include <sstream>
 #include <string>
 
@@ -130,6 +131,12 @@ class ErrorOnSync {
   c10::cuda::SyncDebugMode before_;
 };
 
+// An exception's message without c10's backtrace.
+std::string message_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error ? c10_error->what_without_backtrace() : e.what();
+}
+
 const char* const kSyncCauses =
     " Typical causes: .item() or printing a GPU tensor in the step, a branch on a GPU value, or "
     "GradScaler::step with an optimizer that is not fused. Fix: use ampp::FusedSGD or ampp::FusedAdamW with "
@@ -169,12 +176,12 @@ void CudaGraphStep::capture() {
     graph_->graph.capture_begin();
     try {
       output_ = step_();
-    } catch (const c10::Error& e) {
+    } catch (const std::exception& e) {  // whatever the step threw, the stream must leave capture mode
       try {
-        graph_->graph.capture_end();  // leaves the stream's capture mode, so that CUDA stays usable
-      } catch (const c10::Error&) {
+        graph_->graph.capture_end();  // so that CUDA stays usable
+      } catch (const std::exception&) {
       }
-      TORCH_CHECK(false, "CudaGraphStep: capturing the step failed: ", e.what_without_backtrace(), kSyncCauses);
+      TORCH_CHECK(false, "CudaGraphStep: capturing the step failed: ", message_of(e), kSyncCauses);
     }
     graph_->graph.capture_end();
   }
