@@ -70,7 +70,8 @@ std::vector<torch::Tensor> plain_training() {
   return train4(net, opt, [&](const torch::Tensor& x) { return net->forward(x); });
 }
 
-void expect_same(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want, const std::string& what) {
+void expect_same(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
+                 const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << what << ": parameter " << i;
 }
