@@ -270,3 +270,17 @@ TEST(LayoutCli, FsdpIsMeasuredAsAJobOfItsOwn) {
   for (const auto& [key, rates] : jobs.items()) with_fsdp += key.find(" fsdp=1") != std::string::npos;
   EXPECT_EQ(with_fsdp, 1) << jobs.dump();
 }
+
+// The GPU defaults (cuDNN benchmark mode, FusedSGD, pinned batches) are ignored on the CPU: turning them
+// off there trains the same model, bit for bit.
+TEST(GpuDefaultsCli, OnTheCpuTheirFlagsChangeNothing) {
+  ampp_test::TempDir tmp;
+  for (const std::string dir : {"defaults", "off"}) {
+    const std::string extra =
+        dir == "off" ? "--no-cudnn-benchmark --no-fused-optimizer --no-pinned-batches --device cpu " : "";
+    const auto r =
+        ampp_test::run_ampp(ampp_test::small_run(tmp.path() / dir, "--nproc 1 --steps 6 --opt-level O1 " + extra));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  ampp_test::expect_same_model(tmp.path() / "defaults" / "out" / "model.pt", tmp.path() / "off" / "out" / "model.pt");
+}

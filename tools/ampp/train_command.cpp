@@ -90,6 +90,15 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
       "workers reduce gradients and broadcast buffers all through Gloo's TCP, instead of through shared memory among "
       "the workers of each machine (and Gloo only between machines)");
   sub.add_flag_callback(
+      "--no-cudnn-benchmark", [&o] { o.cudnn_benchmark(false); },
+      "on a GPU: cuDNN's default convolution algorithms instead of the fastest measured ones");
+  sub.add_flag_callback(
+      "--no-fused-optimizer", [&o] { o.fused_optimizer(false); },
+      "on a GPU: torch::optim::SGD instead of ampp::FusedSGD (the same update in one kernel)");
+  sub.add_flag_callback(
+      "--no-pinned-batches", [&o] { o.pinned_batches(false); },
+      "on a GPU: copy batches from pageable memory, blocking, instead of from pinned memory");
+  sub.add_flag_callback(
       "--nchw", [&o] { o.channels_last(false); },
       "keep cnn and resnet activations in NCHW order instead of channels-last (slower CPU kernels; for comparison)");
   sub.add_flag("--zero", o.zero(),
@@ -212,10 +221,15 @@ std::function<int()> add_train_flags(CLI::App& sub, std::shared_ptr<TrainArgs> a
   return [a] { return run(*a); };
 }
 
-const std::map<std::string, std::string> kTrainRenamedFields = {
-    {"progress", "--quiet"},          {"plots", "--no-plots"},
-    {"sync_batch_norm", "--sync-bn"}, {"shared_memory_allreduce", "--gloo-allreduce"},
-    {"channels_last", "--nchw"},      {"map_data", "--data-in-memory"}};
+const std::map<std::string, std::string> kTrainRenamedFields = {{"progress", "--quiet"},
+                                                                {"plots", "--no-plots"},
+                                                                {"sync_batch_norm", "--sync-bn"},
+                                                                {"shared_memory_allreduce", "--gloo-allreduce"},
+                                                                {"channels_last", "--nchw"},
+                                                                {"map_data", "--data-in-memory"},
+                                                                {"cudnn_benchmark", "--no-cudnn-benchmark"},
+                                                                {"fused_optimizer", "--no-fused-optimizer"},
+                                                                {"pinned_batches", "--no-pinned-batches"}};
 
 const bool registered_train = ampp::cli::register_command(
     {"train", "Train a model (Fashion-MNIST by default) with mixed precision and data-parallel workers",

@@ -63,9 +63,15 @@ struct TrainOptions {
   // per machine, not per worker; gzip files are decompressed once into ampp::user_cache_dir()/datasets);
   // false reads them into each worker's memory.
   TORCH_ARG(bool, map_data) = true;
-  // Where the model and its batches live: "cpu", "cuda" or "cuda:N" (one worker; autocast and the
-  // GradScaler follow the model there). CUDA has not been run in `ampp train` yet: docs/gpu.md.
+  // Where the model and its batches live: "cpu", "cuda" (one GPU per local rank) or "cuda:N"; autocast and
+  // the GradScaler follow the model there. CUDA has not been run in `ampp train` yet: docs/gpu.md.
   TORCH_ARG(std::string, device) = "cpu";
+  // The GPU defaults, each ignored on the CPU (docs/gpu.md): cuDNN's benchmark mode (the fastest
+  // convolution algorithms for the run's fixed shapes; never under `deterministic`), ampp::FusedSGD (the
+  // same update as SGD in one kernel), and batches copied from pinned host memory without blocking.
+  TORCH_ARG(bool, cudnn_benchmark) = true;
+  TORCH_ARG(bool, fused_optimizer) = true;
+  TORCH_ARG(bool, pinned_batches) = true;
   // ModelOptions::channels_last: cnn and resnet activations in channels-last order (faster CPU kernels).
   TORCH_ARG(bool, channels_last) = true;
   // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).

@@ -12,6 +12,7 @@
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/nonfinite_locator.h>
+#include <ampp/scaling/fused_optimizers.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/batches.h>
 #include <ampp/train/checkpoint.h>
@@ -212,7 +213,9 @@ struct ShardedForward {
 
 // SGD as the seeds use it; with TrainOptions::zero and several workers, its state sharded over them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
-                                                        const dist::ProcessGroup& pg) {
+                                                        const dist::ProcessGroup& pg, const torch::Device& device) {
+  // On a GPU, PyTorch's fused SGD kernel (TrainOptions::fused_optimizer): one launch for every parameter.
+  if (device.is_cuda() && o.fused_optimizer() && !o.zero()) return std::make_unique<FusedSGD>(params, sgd_options(o));
   if (!o.zero() || !pg) return std::make_unique<torch::optim::SGD>(params, sgd_options(o));
   return std::make_unique<dist::ZeroRedundancyOptimizer>(
       std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(params)},
@@ -250,7 +253,7 @@ struct Run {
         model_options(model_options_for(data.train, o)),
         model(seeded_model(o, model_options, device)),
         fsdp(make_fsdp(o, model, workers.pg)),
-        optimizer_holder(make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg)),
+        optimizer_holder(make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg, device)),
         optimizer(*optimizer_holder),
         amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
         buffer_guard(*model),  // after initialize(), which may cast the buffers
@@ -264,6 +267,7 @@ struct Run {
                 " workers: --sync-batch-norm and --zero run on the CPU only for "
                 "now; drop them, or use one worker (--nproc 1) or --device cpu");
     if (fsdp) amp.set_found_inf_reducer(fsdp->found_inf_hook());  // each rank unscales only its shards
+    if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark() && !o.deterministic());
   }
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
@@ -701,6 +705,13 @@ StepResult train_step(Run& run, const Batch& batch) {
   return {logits, loss.item<double>(), stepped, std::move(overflowed)};
 }
 
+// A batch on the run's device. To a GPU from pinned memory (TrainOptions::pinned_batches) without blocking:
+// the host goes on to queue the step's kernels while the copy runs.
+torch::Tensor to_device(const torch::Tensor& t, const Run& run) {
+  if (!run.device.is_cuda() || !run.o.pinned_batches()) return t.to(run.device);
+  return t.pin_memory().to(run.device, /*non_blocking=*/true);
+}
+
 void count_step(Run& run, const StepResult& step, const Batch& batch) {
   ++run.position.global_step;
   if (!step.stepped) ++run.position.skipped_total;
@@ -874,7 +885,7 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
   Throughput meter;
   run.clock.restart();  // between epochs: evaluation and checkpoints are not step time
   while (auto next = batches.next()) {
-    const Batch batch{next->data.to(run.device), next->target.to(run.device)};
+    const Batch batch{to_device(next->data, run), to_device(next->target, run)};
     record_operators(run, false);
     run.clock.lap(StepPhase::kData);
     set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
