@@ -15,7 +15,8 @@
 
 namespace {
 
-// The default group for one test: world size 1 on `backend`, ended before the next (it is process-wide).
+// The default group for one test: world size 1 on `backend`. It is process-wide: ended before the next
+// backend's, and before exit (an NCCL group destroyed after CUDA has unloaded aborts the process).
 class OneRankGroup {
  public:
   explicit OneRankGroup(const std::string& backend)
@@ -77,6 +78,17 @@ void expect_same(const std::vector<torch::Tensor>& got, const std::vector<torch:
 }
 
 }  // namespace
+
+// init_process_group("nccl") at world size 1 reduces CUDA tensors; Gloo reduces them too.
+TEST(GpuDist, NcclAndGlooReduceCudaTensorsAtWorldSizeOne) {
+  AMPP_REQUIRE_GPU();
+  for (const std::string backend : {"nccl", "gloo"}) {
+    OneRankGroup group(backend);
+    std::vector<torch::Tensor> t = {torch::arange(6, torch::TensorOptions(torch::kCUDA).dtype(torch::kFloat))};
+    group.pg().c10d()->allreduce(t)->wait();
+    EXPECT_TRUE(torch::equal(t[0].cpu(), torch::arange(6, torch::kFloat))) << backend;
+  }
+}
 
 TEST(GpuDist, DdpAtWorldSizeOneTrainsAsPlainTrainingOverNcclAndGloo) {
   AMPP_REQUIRE_GPU();

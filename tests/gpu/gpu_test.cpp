@@ -2,7 +2,6 @@
 // the answer (gpu_oracle.py). Every test skips, naming what is missing, where no GPU is visible.
 #include <ampp/amp/initialize.h>
 #include <ampp/amp/pytorch_checkpoint.h>
-#include <ampp/dist/process_group.h>
 #include <ampp/precision/autocast.h>
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/scaling/grad_scaler.h>
@@ -248,25 +247,6 @@ TEST(GpuAmp, O2KeepsFp32MastersOnTheGpuAndItsCheckpointLoadsOnTheCpu) {
   EXPECT_TRUE(loaded.at("0.weight").toTensor().device().is_cpu());
   EXPECT_TRUE(torch::equal(loaded.at("0.weight").toTensor(),
                            model[0]->as<torch::nn::Linear>()->weight.cpu().to(torch::kFloat)));
-}
-
-// init_process_group("nccl") at world size 1 reduces CUDA tensors; Gloo reduces them too.
-TEST(GpuDist, NcclAndGlooReduceCudaTensorsAtWorldSizeOne) {
-  AMPP_REQUIRE_GPU();
-  for (const std::string backend : {"nccl", "gloo"}) {
-    auto pg =
-        ampp::dist::init_process_group(ampp::dist::InitOptions()
-                                           .backend(backend)
-                                           .init_method("tcp://127.0.0.1:" + std::to_string(ampp_test::free_port()))
-                                           .rank(0)
-                                           .world_size(1));
-    std::vector<torch::Tensor> t = {torch::arange(6, torch::TensorOptions(torch::kCUDA).dtype(torch::kFloat))};
-    pg.c10d()->allreduce(t)->wait();
-    EXPECT_TRUE(torch::equal(t[0].cpu(), torch::arange(6, torch::kFloat))) << backend;
-    // The default group is process-wide: end it before the next backend, and before exit (an NCCL group
-    // destroyed after CUDA has unloaded aborts the process).
-    ampp::dist::destroy_process_group();
-  }
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include <ampp/precision/dtype.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/models.h>
+#include <ampp/train/options.h>
 #include <ampp/util/threads.h>
 
 #include <fmt/core.h>
@@ -42,14 +43,6 @@ void wait_for(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
 }
 
-torch::Device bench_device(const std::string& text) {
-  const torch::Device device(text);
-  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "--device must be cpu, cuda or cuda:N, got '", text, "'");
-  TORCH_CHECK(device.is_cpu() || torch::cuda::is_available(), "--device ", text,
-              ": no CUDA GPU is visible to this process (a CPU-only LibTorch, or no GPU or driver); use --device cpu");
-  return device;
-}
-
 double median_seconds(int repeats, const std::function<void()>& body) {
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) {
@@ -70,9 +63,9 @@ struct OptLevelTiming {
 };
 
 // Median seconds per training step of `model_name` at `level`, and where ampp's own time went.
-OptLevelTiming time_opt_level(const std::string& model_name, const std::string& level, const BenchOptions& options) {
+OptLevelTiming time_opt_level(const std::string& model_name, const std::string& level, const BenchOptions& options,
+                              const torch::Device& device) {
   torch::manual_seed(0);
-  const torch::Device device(options.device);
   auto model = ampp::train::make_model(model_name);
   model->to(device);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -102,7 +95,7 @@ OptLevelTiming time_opt_level(const std::string& model_name, const std::string& 
 }
 
 int run_bench(const BenchOptions& options) {
-  const torch::Device device = bench_device(options.device);
+  const torch::Device device = ampp::train::usable_device(options.device, "--device");
   ampp::train::retain_freed_memory();  // as `ampp train` does, so steps are timed as they train
   ampp::set_compute_threads(options.threads > 0 ? options.threads : at::get_num_threads());
   fmt::print("ampp bench on {}: {} intra-op threads, batch {}, low precision {}, loss scale {}, median of {} steps\n\n",
@@ -113,7 +106,7 @@ int run_bench(const BenchOptions& options) {
   for (const auto& model : options.models) {
     double baseline = 0;
     for (const auto& level : options.levels) {
-      const OptLevelTiming t = time_opt_level(model, level, options);
+      const OptLevelTiming t = time_opt_level(model, level, options, device);
       if (level == options.levels.front()) baseline = t.step_seconds;
       fmt::print("{:<6} {:<4} {:>12.2f} {:>9.2f}x {:>15.1f}%   {:>24.0f} {:>7.0f} {:>6.0f}\n", model, level,
                  t.step_seconds * 1e3, t.step_seconds / baseline, t.machinery_share() * 100,

@@ -120,6 +120,10 @@ struct TrainOptions {
 // Throws c10::Error naming the bad option ("TrainOptions::lr must be ...") and the fix.
 void validate(const TrainOptions& options);
 
+// `text` as a device usable here: the CPU, or a CUDA GPU that this process sees. Throws c10::Error starting
+// with `what` (the option's name, e.g. "TrainOptions::device") otherwise, naming the fix.
+torch::Device usable_device(const std::string& text, const std::string& what);
+
 // TrainOptions::device as a torch::Device (validate() has checked it).
 torch::Device device_of(const TrainOptions& options);
 // TrainOptions::data with the model's default filled in ("text" for a GPT).

@@ -67,22 +67,10 @@ void validate_optimization(const TrainOptions& o) {
               "TrainOptions::clip_grad_norm must be 0 (off) or a positive max norm, got ", o.clip_grad_norm());
 }
 
-// A device ampp train can use here: the CPU, or a CUDA GPU that this process sees.
 void validate_device(const TrainOptions& o) {
-  std::optional<torch::Device> device;
-  try {
-    device = torch::Device(o.device());
-  } catch (const c10::Error&) {
-  }
-  TORCH_CHECK(device && (device->is_cpu() || device->is_cuda()),
-              "TrainOptions::device must be cpu, cuda or cuda:N, got '", o.device(), "'");
-  if (device->is_cpu()) return;
-  TORCH_CHECK(torch::cuda::is_available(), "TrainOptions::device '", o.device(),
-              "': no CUDA GPU is visible to this process (a CPU-only LibTorch, or no GPU or driver); use --device cpu, "
-              "or build with AMPP_TORCH=cuda on a machine with a GPU");
-  TORCH_CHECK(!device->has_index() || device->index() < static_cast<int>(torch::cuda::device_count()),
-              "TrainOptions::device '", o.device(), "': this process sees ", torch::cuda::device_count(), " GPU(s)");
-  TORCH_CHECK(!o.doctor(), "TrainOptions::doctor runs on the CPU only for now; drop --doctor or use --device cpu");
+  const torch::Device device = usable_device(o.device(), "TrainOptions::device");
+  TORCH_CHECK(device.is_cpu() || !o.doctor(),
+              "TrainOptions::doctor runs on the CPU only for now; drop --doctor or use --device cpu");
 }
 
 // What --fsdp does not combine with yet, each refused with what to do instead.
@@ -128,6 +116,23 @@ void validate(const TrainOptions& options) {
   validate_run_and_outputs(options);
   validate_device(options);
   validate_fsdp(options);
+}
+
+torch::Device usable_device(const std::string& text, const std::string& what) {
+  std::optional<torch::Device> device;
+  try {
+    device = torch::Device(text);
+  } catch (const c10::Error&) {
+  }
+  TORCH_CHECK(device && (device->is_cpu() || device->is_cuda()), what, " must be cpu, cuda or cuda:N, got '", text,
+              "'");
+  if (device->is_cpu()) return *device;
+  TORCH_CHECK(torch::cuda::is_available(), what, " '", text,
+              "': no CUDA GPU is visible to this process (a CPU-only LibTorch, or no GPU or driver); use --device cpu, "
+              "or build with AMPP_TORCH=cuda on a machine with a GPU");
+  TORCH_CHECK(!device->has_index() || device->index() < static_cast<int>(torch::cuda::device_count()), what, " '", text,
+              "': this process sees ", torch::cuda::device_count(), " GPU(s)");
+  return *device;
 }
 
 torch::Device device_of(const TrainOptions& options) { return torch::Device(options.device()); }
