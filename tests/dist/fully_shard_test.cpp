@@ -223,6 +223,74 @@ TEST(FullyShard, FullCheckpointsMoveBetweenWorldSizesAndPlainModules) {
   });
 }
 
+// Every state tensor of one optimizer state dict equal, bit for bit, to the other's (and "step" alike).
+void expect_same_optimizer_state(const c10::impl::GenericDict& actual, const c10::impl::GenericDict& expected) {
+  const auto a = actual.at("state").toGenericDict(), e = expected.at("state").toGenericDict();
+  ASSERT_EQ(a.size(), e.size());
+  for (const auto& item : e) {
+    const auto mine = a.at(item.key()).toGenericDict(), theirs = item.value().toGenericDict();
+    ASSERT_EQ(mine.size(), theirs.size()) << "parameter " << item.key().toInt();
+    for (const auto& entry : theirs)
+      EXPECT_TRUE(torch::equal(mine.at(entry.key()).toTensor(), entry.value().toTensor()))
+          << "parameter " << item.key().toInt() << ", " << entry.key().toStringRef();
+  }
+}
+
+// FSDP2's full optimizer state dict: the sharded Adam's state gathered whole is DDP's optimizer's, bit for
+// bit (2 ranks train alike); ranks that load it take their rows and step as the saving run would have; and
+// any world size gives the same whole back.
+TEST(FullyShard, TheFullOptimizerStateIsDdpsAndResumesOnAnyWorldSize) {
+  TempDir dir;
+  const auto adam = AdamOptions(1e-2).amsgrad(true);  // all three of Adam's moments
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    auto plain = make_stack(1);
+    DistributedDataParallel<Stack> ddp(plain, pg);
+    Adam plain_opt(ddp.parameters(), adam);
+    auto model = make_stack(1);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    Adam opt(fsdp.parameters(), adam);
+    for (int step = 0; step < 4; ++step) {
+      const auto d = stack_batch(step, rank, 2);
+      if (step == 3) {  // the state to resume from; then the step a resumed run must equal
+        fsdp.save_full(dir.file("model.pt"));
+        const auto full = fsdp.full_optimizer_state_dict(opt);  // collective
+        expect_same_optimizer_state(full, ampp::optimizer_state_dict(plain_opt));
+        if (rank == 0) ampp::save_pytorch(full, dir.file("adam.pt"));
+      }
+      plain_opt.zero_grad(), opt.zero_grad();
+      torch::mse_loss(ddp.forward(d.x), d.y).backward();
+      torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+      plain_opt.step(), opt.step();
+    }
+    const auto next = flat_state(fsdp.full_state_dict(), *model);
+    if (rank == 0) torch::save(next, dir.file("next.pt"));
+  });
+  const auto saved = ampp::load_pytorch(dir.file("adam.pt")).toGenericDict();
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    auto model = make_stack(5);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    Adam opt(fsdp.parameters(), AdamOptions(0.5));  // the file's hyperparameters replace these, as in PyTorch
+    fsdp.load_full(dir.file("model.pt"));
+    fsdp.load_full_optimizer_state_dict(opt, saved);
+    const auto d = stack_batch(3, rank, 2);
+    torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+    opt.step();
+    torch::Tensor expected_next;
+    torch::load(expected_next, dir.file("next.pt"));
+    EXPECT_TRUE(torch::equal(flat_state(fsdp.full_state_dict(), *model), expected_next));
+  });
+  on_ranks(3, [&](int, const ProcessGroup& pg) {
+    auto model = make_stack(5);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    Adam opt(fsdp.parameters(), adam);
+    fsdp.load_full_optimizer_state_dict(opt, saved);
+    expect_same_optimizer_state(fsdp.full_optimizer_state_dict(opt), saved);
+    auto other = make_stack(6, /*units=*/true);
+    Adam foreign(other->parameters(), adam);
+    AMPP_EXPECT_THROW_WITH(fsdp.load_full_optimizer_state_dict(foreign, saved), "build it over fsdp.parameters()");
+  });
+}
+
 TEST(FullyShard, AStateDictOfAnotherModelIsOneErrorListingEveryMismatch) {
   on_ranks(1, [](int, const ProcessGroup& pg) {
     auto model = make_stack(1);

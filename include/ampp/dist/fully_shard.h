@@ -154,6 +154,14 @@ class FullyShardedDataParallel {
   // Collective: rank 0 writes full_state_dict() atomically as a PyTorch file (torch.load reads it).
   void save_full(const std::string& path) const;
   void load_full(const std::string& path);
+  // Collective: the state of `optimizer` (SGD, Adam or AdamW, built over parameters()) as PyTorch's
+  // optimizer.state_dict() of the unsharded model, on every rank: each parameter's momentum or moments
+  // gathered whole ("step" as it is). FSDP2's get_optimizer_state_dict with full_state_dict=True; what the
+  // same optimizer over the unsharded module loads with load_optimizer_state_dict, and torch.load reads.
+  c10::impl::GenericDict full_optimizer_state_dict(const torch::optim::Optimizer& optimizer) const;
+  // Every rank: `optimizer` (over parameters()) takes its rows of a full optimizer state dict, from
+  // full_optimizer_state_dict() of any world size or from the unsharded model's optimizer.
+  void load_full_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state) const;
   // This rank's shards alone (and the state of `optimizer`, which steps them, when given), atomically;
   // load_sharded() refuses another world size or rank, saying how to move between them (through save_full).
   void save_sharded(const std::string& path, const torch::optim::Optimizer* optimizer = nullptr) const;

@@ -6,6 +6,7 @@
 #include <torch/serialize.h>
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -14,15 +15,18 @@
 namespace ampp::dist {
 namespace {
 
-// The whole FP32 parameter from every rank's padded chunk.
-torch::Tensor gather_full(const ProcessGroup& group, const detail::ShardedParam& p) {
+// The whole tensor of a parameter's shape from every rank's rows of it (`rows`: this rank's, at most
+// rows_per_rank of them; fewer are zero-padded, as the chunks are), on the CPU.
+torch::Tensor gather_full(const ProcessGroup& group, const detail::ShardedParam& p, const torch::Tensor& rows) {
   const int world = group.size();
+  auto chunk = torch::zeros({p.rows_per_rank, p.row_numel}, p.padded.options());
+  chunk.narrow(0, 0, rows.size(0)).copy_(rows.reshape({rows.size(0), p.row_numel}));
   auto all = torch::empty({world * p.rows_per_rank, p.row_numel}, p.padded.options());
   if (world == 1) {
-    all.copy_(p.padded.reshape({p.rows_per_rank, p.row_numel}));
+    all.copy_(chunk);
   } else {
     std::vector<std::vector<torch::Tensor>> out{all.chunk(world, 0)};
-    std::vector<torch::Tensor> in{p.padded.reshape({p.rows_per_rank, p.row_numel})};
+    std::vector<torch::Tensor> in{chunk};
     group.c10d()->allgather(out, in)->wait();
   }
   return all.narrow(0, 0, p.rows).reshape(p.param.sizes()).cpu();
@@ -33,7 +37,7 @@ torch::Tensor gather_full(const ProcessGroup& group, const detail::ShardedParam&
 c10::impl::GenericDict FullyShardedDataParallel::full_state_dict() const {
   torch::NoGradGuard no_grad;
   auto dict = make_pytorch_dict();
-  for (const auto& p : state_->params) dict.insert(p.name, gather_full(state_->context.group, p));
+  for (const auto& p : state_->params) dict.insert(p.name, gather_full(state_->context.group, p, p.padded));
   for (const auto& b : state_->root->named_buffers())
     dict.insert(b.key(),
                 b.value().is_floating_point() ? b.value().to(torch::kFloat).cpu().clone() : b.value().cpu().clone());
@@ -133,6 +137,121 @@ void FullyShardedDataParallel::load_sharded(const std::string& path, torch::opti
     optimizer->load(state);
   }
   reshard();
+}
+
+// ---- the optimizer's state ----
+
+namespace {
+
+using Dict = c10::impl::GenericDict;
+
+// PyTorch's names of the per-parameter state tensors shaped like their parameter (SGD's momentum, Adam's
+// and AdamW's moments): the ones that are sharded. "step" is the same on every rank and stays as it is.
+bool is_sharded_state(const std::string& key) {
+  return key == "momentum_buffer" || key == "exp_avg" || key == "exp_avg_sq" || key == "max_exp_avg_sq";
+}
+
+// The sharded parameter behind each of the optimizer's parameters, in the order of the state dict's indices.
+std::vector<const detail::ShardedParam*> params_by_index(const torch::optim::Optimizer& optimizer,
+                                                         const std::vector<detail::ShardedParam>& params) {
+  std::map<const c10::TensorImpl*, const detail::ShardedParam*> by_shard;
+  for (const auto& p : params) by_shard[p.shard.unsafeGetTensorImpl()] = &p;
+  std::vector<const detail::ShardedParam*> out;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& t : group.params()) {
+      auto it = by_shard.find(t.unsafeGetTensorImpl());
+      TORCH_CHECK(it != by_shard.end(),
+                  "ampp::dist::FullyShardedDataParallel: the optimizer steps a tensor that is "
+                  "not one of this FSDP's shards; build it over fsdp.parameters()");
+      out.push_back(it->second);
+    }
+  return out;
+}
+
+// Copy of `state` (a parameter's state dict) with each sharded entry replaced by `convert(entry)`.
+template <typename Convert>
+Dict with_sharded_entries(const Dict& state, Convert convert) {
+  Dict out = make_pytorch_dict();
+  for (const auto& item : state) {
+    const std::string key = item.key().toStringRef();
+    const bool sharded = is_sharded_state(key) && item.value().isTensor();
+    out.insert(key, sharded ? c10::IValue(convert(key, item.value().toTensor())) : item.value());
+  }
+  return out;
+}
+
+// The optimizer state dict's "state" of each parameter, in index order (an empty dict where it has none).
+std::vector<Dict> states_by_index(const Dict& state_dict, size_t n) {
+  std::vector<Dict> out(n, make_pytorch_dict());
+  for (const auto& item : state_dict.at("state").toGenericDict()) {
+    const int64_t index = item.key().toInt();
+    TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < n, "optimizer state for parameter ", index,
+                ", which no group lists");
+    TORCH_CHECK(item.value().isGenericDict(), "optimizer state of parameter ", index, " is not a dict");
+    out[index] = item.value().toGenericDict();
+  }
+  return out;
+}
+
+// A state dict of `states` (by index) and the given param_groups.
+Dict state_dict_of(const std::vector<Dict>& states, const c10::IValue& param_groups) {
+  auto state = Dict(c10::IntType::get(), c10::AnyType::get());
+  for (size_t i = 0; i < states.size(); ++i)
+    if (!states[i].empty()) state.insert(static_cast<int64_t>(i), states[i]);
+  Dict out = make_pytorch_dict();
+  out.insert("state", state);
+  out.insert("param_groups", param_groups);
+  return out;
+}
+
+}  // namespace
+
+c10::impl::GenericDict FullyShardedDataParallel::full_optimizer_state_dict(
+    const torch::optim::Optimizer& optimizer) const {
+  torch::NoGradGuard no_grad;
+  const auto params = params_by_index(optimizer, state_->params);
+  const Dict sharded = optimizer_state_dict(optimizer);
+  auto states = states_by_index(sharded, params.size());
+  // Every rank gathers the same entries in the same order: the ranks step the same parameters (each gets
+  // a gradient, empty shards too), so they hold the same state keys. Checked, as a mismatch would hang.
+  auto counts = torch::tensor({static_cast<int64_t>(0)});
+  for (const auto& s : states) counts += static_cast<int64_t>(s.size());
+  auto agreed = counts.clone();
+  std::vector<torch::Tensor> io{agreed};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  if (state_->context.group.size() > 1) state_->context.group.c10d()->allreduce(io, max)->wait();
+  TORCH_CHECK(agreed.item<int64_t>() == counts.item<int64_t>(),
+              "ampp::dist::FullyShardedDataParallel::full_optimizer_state_dict: the ranks' optimizers hold "
+              "different state (",
+              counts.item<int64_t>(), " entries here, ", agreed.item<int64_t>(),
+              " on another rank); every rank must step the same parameters");
+  for (size_t i = 0; i < states.size(); ++i)
+    states[i] = with_sharded_entries(states[i], [&](const std::string&, const torch::Tensor& rows) {
+      return gather_full(state_->context.group, *params[i], rows);
+    });
+  return state_dict_of(states, sharded.at("param_groups"));
+}
+
+void FullyShardedDataParallel::load_full_optimizer_state_dict(torch::optim::Optimizer& optimizer,
+                                                              const c10::IValue& state) const {
+  TORCH_CHECK(state.isGenericDict() && state.toGenericDict().contains("state") &&
+                  state.toGenericDict().contains("param_groups"),
+              "ampp::dist::FullyShardedDataParallel::load_full_optimizer_state_dict: expected an optimizer state "
+              "dict (the keys \"state\" and \"param_groups\")");
+  const auto params = params_by_index(optimizer, state_->params);
+  auto states = states_by_index(state.toGenericDict(), params.size());
+  const int rank = state_->context.group.rank();
+  for (size_t i = 0; i < states.size(); ++i) {
+    const auto& p = *params[i];
+    states[i] = with_sharded_entries(states[i], [&](const std::string& key, const torch::Tensor& full) {
+      TORCH_CHECK(full.sizes() == p.param.sizes(), "ampp::dist::FullyShardedDataParallel: the optimizer state \"", key,
+                  "\" of ", p.name, " has shape ", full.sizes(), ", the parameter ", p.param.sizes());
+      if (p.local_rows == 0) return torch::empty(p.shard.sizes(), full.options());  // a rank past the last row
+      return full.reshape(p.sizes).narrow(0, rank * p.rows_per_rank, p.local_rows).clone();
+    });
+  }
+  load_optimizer_state_dict(optimizer, state_dict_of(states, state.toGenericDict().at("param_groups")));
 }
 
 }  // namespace ampp::dist
