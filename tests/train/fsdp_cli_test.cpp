@@ -1,6 +1,7 @@
 // `ampp train --fsdp`: two workers with the model fully sharded between them (the GPT's blocks and the
 // ResNet's stages as units, the CNN as one unit) train the model DDP trains, bit for bit (2 ranks: the
-// average of two gradients is exact both ways); what it does not combine with is refused by name.
+// average of two gradients is exact both ways), and their checkpoints are DDP's; what it does not combine
+// with is refused by name.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -48,15 +49,43 @@ TEST(FsdpCli, TheCnnAsOneUnitTrainsAsDdpWithLossScaling) {
   check_fsdp_trains_as_ddp("cnn", "--opt-level O1 --dtype fp16");
 }
 
+// The checkpoints of an FSDP run hold the whole model and SGD momentum, as DDP's do: a run stopped halfway
+// and resumed, in ampp's format or from PyTorch's, under FSDP or DDP, ends with the uninterrupted DDP run's
+// model, bit for bit (2 workers, the GPT's blocks as units).
+TEST(FsdpCli, ItsCheckpointsAreDdpsAndResumeUnderEither) {
+  ampp_test::TempDir tmp;
+  auto run = [&](const std::string& dir, const std::string& extra) {
+    fs::create_directories(tmp.path() / dir);
+    const auto r = ampp_test::run_ampp(run_line(tmp.path() / dir, "gpt-tiny",
+                                                "--nproc 2 --opt-level O1 --dtype bf16 --checkpoint-dir " +
+                                                    (tmp.path() / dir / "ckpt").string() + " " + extra));
+    ASSERT_EQ(r.code, 0) << r.output;
+  };
+  const auto model = [&](const std::string& dir) { return tmp.path() / dir / "out" / "model.pt"; };
+  run("ddp", "--steps 8");
+  run("fsdp-then-fsdp", "--steps 4 --fsdp");
+  const auto start = tmp.path() / "start.pt";  // PyTorch's format, written by the FSDP run
+  fs::copy_file(tmp.path() / "fsdp-then-fsdp" / "ckpt" / "checkpoint.pt", start);
+  run("fsdp-then-fsdp", "--steps 8 --fsdp --resume");
+  expect_same_model(model("ddp"), model("fsdp-then-fsdp"));
+  run("fsdp-then-ddp", "--steps 4 --fsdp");  // rank 0's file must hold rank 1's rows too
+  run("fsdp-then-ddp", "--steps 8 --resume");
+  expect_same_model(model("ddp"), model("fsdp-then-ddp"));
+  run("ddp-then-fsdp", "--steps 4");
+  run("ddp-then-fsdp", "--steps 8 --fsdp --resume");
+  expect_same_model(model("ddp"), model("ddp-then-fsdp"));
+  run("pt-then-fsdp", "--steps 8 --fsdp --resume-from " + start.string());
+  expect_same_model(model("ddp"), model("pt-then-fsdp"));
+}
+
 TEST(FsdpCli, WhatItDoesNotCombineWithIsRefusedByName) {
   ampp_test::TempDir tmp;
   const auto o2 = ampp_test::run_ampp(run_line(tmp.path(), "cnn", "--nproc 1 --fsdp --opt-level O2"));
   EXPECT_NE(o2.code, 0);
   EXPECT_NE(o2.output.find("use -O0 or -O1"), std::string::npos) << o2.output;
-  const auto ckpt = ampp_test::run_ampp(
-      run_line(tmp.path(), "cnn", "--nproc 1 --fsdp --checkpoint-dir " + (tmp.path() / "ckpt").string()));
-  EXPECT_NE(ckpt.code, 0);
-  EXPECT_NE(ckpt.output.find("does not write or resume checkpoints yet"), std::string::npos) << ckpt.output;
+  const auto zero = ampp_test::run_ampp(run_line(tmp.path(), "cnn", "--nproc 1 --fsdp --zero"));
+  EXPECT_NE(zero.code, 0);
+  EXPECT_NE(zero.output.find("already shards the optimizer state; drop --zero"), std::string::npos) << zero.output;
 }
 
 TEST(FsdpCli, OneWorkerIsToldThatNothingIsSharded) {

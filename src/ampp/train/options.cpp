@@ -83,10 +83,6 @@ void validate_fsdp(const TrainOptions& o) {
       "use -O0 or -O1 (autocast)");
   TORCH_CHECK(!o.zero(), "TrainOptions::fsdp already shards the optimizer state; drop --zero");
   TORCH_CHECK(
-      o.checkpoint_dir().empty() && !o.resume() && o.resume_from().empty(),
-      "TrainOptions::fsdp does not write or resume checkpoints yet; drop --checkpoint-dir/--resume/--resume-from "
-      "(the library's FullyShardedDataParallel::save_full and save_sharded write them)");
-  TORCH_CHECK(
       !o.doctor() && !o.profile(),
       "TrainOptions::fsdp: --doctor and --profile read whole gradients and parameters, which FSDP does not keep; "
       "drop them");

@@ -1,6 +1,7 @@
 // ampp::train::train in named steps: set up the workers, build the run (data, model, optimizer,
 // amp, sampler), resume, run the epochs (steps, evaluation, checkpoints), write the outputs.
 #include <ampp/amp/initialize.h>
+#include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/fully_shard.h>
 #include <ampp/dist/heartbeat.h>
@@ -50,6 +51,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 
@@ -195,7 +197,7 @@ torch::optim::SGDOptions sgd_options(const TrainOptions& o) {
 }
 
 // TrainOptions::fsdp with several workers: the model sharded, its sharding_units() the units. Before the
-// optimizer, which steps the shards. Resume is refused with FSDP, so the weights are the seeded ones.
+// optimizer, which steps the shards; a resume then loads each rank's shards (load_into_shards).
 std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
                                                           const std::shared_ptr<ClassifierImpl>& model,
                                                           const dist::ProcessGroup& pg) {
@@ -272,10 +274,13 @@ struct Run {
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
   dist::ZeroRedundancyOptimizer* zero() { return dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer); }
-  // What a checkpoint holds: under ZeRO the whole state, gathered on the leader by consolidate_state_dict().
+  // What a checkpoint holds: the whole state, under ZeRO gathered on the leader by consolidate_state_dict(),
+  // under FSDP on every rank by GatheredForCheckpoint (the optimizer then steps shards, the values are the
+  // module's).
   TrainingObjects objects_to_save() {
     auto* z = zero();
-    return {*model, z ? *z->consolidated() : optimizer, amp, sampler, gathered_masters};
+    auto& whole = fsdp_optimizer ? *fsdp_optimizer : z ? *z->consolidated() : optimizer;
+    return {*model, whole, amp, sampler, fsdp_optimizer ? model->parameters() : gathered_masters};
   }
   double elapsed() const { return position.elapsed + std::chrono::duration<double>(Clock::now() - started).count(); }
   void say(const std::string& line) const {
@@ -324,7 +329,8 @@ struct Run {
   PhaseClock clock{phases};
   std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
   std::optional<OpProfile> ops;
-  std::vector<torch::Tensor> gathered_masters;  // ZeRO under O2: every shard's masters, for the checkpoint
+  std::vector<torch::Tensor> gathered_masters;        // ZeRO under O2: every shard's masters, for the checkpoint
+  std::unique_ptr<torch::optim::SGD> fsdp_optimizer;  // FSDP: the unsharded SGD, while a checkpoint is written
 };
 
 // ---- small helpers ----
@@ -407,6 +413,18 @@ void check_sgd_options(const Run& run, const std::string& source) {
               (sgd.nesterov() ? " and Nesterov momentum" : ""), ", which ampp train's SGD does not use");
 }
 
+// FSDP: a checkpoint holds the unsharded model and SGD state (this run's, DDP's, or another world size's).
+// `load` reads it into an unsharded copy, of which each rank then keeps its rows.
+void load_into_shards(Run& run, const std::function<void(const TrainingObjects&)>& load) {
+  const torch::Tensor rng = get_rng_state();  // building the copy draws initial weights: the run's stream stays
+  const auto whole = make_model(run.o.model(), run.model_options);
+  set_rng_state(rng);
+  torch::optim::SGD sgd(whole->parameters(), sgd_options(run.o));
+  load(TrainingObjects{*whole, sgd, run.amp, run.sampler});
+  run.fsdp->load_full_state_dict(module_state_dict(*whole));
+  run.fsdp->load_full_optimizer_state_dict(run.optimizer, optimizer_state_dict(sgd));
+}
+
 // Continues from the checkpoint when asked to (or restarted by the launcher) and one exists.
 void resume(Run& run) {
   if (run.checkpoint.empty() || !(run.o.resume() || run.workers.restarted)) return;
@@ -419,7 +437,10 @@ void resume(Run& run) {
   TORCH_CHECK(same_run(saved.position().fingerprint, run.o, run.workers.world), "checkpoint '", run.checkpoint,
               "' belongs to a different run (", saved.position().fingerprint, ") than this one (", expected,
               "); use the same options to resume, or another TrainOptions::checkpoint_dir to start afresh");
-  saved.restore(run.objects());  // the lr follows from the position (scheduled_lr)
+  if (run.fsdp)
+    load_into_shards(run, [&](const TrainingObjects& whole) { saved.restore(whole); });
+  else
+    saved.restore(run.objects());  // the lr follows from the position (scheduled_lr)
   check_sgd_options(run, "checkpoint '" + run.checkpoint + "'");
   run.position = saved.position();
   run.sums = run.workers.leader() ? run.position.epoch_sums : EpochSums{};  // global totals live on rank 0
@@ -434,12 +455,15 @@ void resume_from_pytorch(Run& run) {
   const std::string& path = run.o.resume_from();
   if (path.empty() || run.resumed) return;
   TORCH_CHECK(fs::is_regular_file(path), "TrainOptions::resume_from: no file '", path, "'");
-  // Under ZeRO the file's state goes into an unsharded SGD first; each rank then keeps its shard's.
+  // Under ZeRO and FSDP the file's state goes into an unsharded SGD first; each rank then keeps its shard's.
+  PyTorchCheckpointContents c;
   auto* zero = run.zero();
   std::unique_ptr<torch::optim::SGD> unsharded;
   if (zero) unsharded = std::make_unique<torch::optim::SGD>(run.optimizer.param_groups(), sgd_options(run.o));
-  TrainingObjects objects{*run.model, zero ? *unsharded : run.optimizer, run.amp, run.sampler};
-  const PyTorchCheckpointContents c = load_pytorch_training_checkpoint(path, objects);
+  if (run.fsdp)
+    load_into_shards(run, [&](const TrainingObjects& whole) { c = load_pytorch_training_checkpoint(path, whole); });
+  else
+    c = load_pytorch_training_checkpoint(path, {*run.model, zero ? *unsharded : run.optimizer, run.amp, run.sampler});
   if (zero) zero->load_from(*unsharded);
   if (c.optimizer) check_sgd_options(run, "PyTorch checkpoint '" + path + "'");
   run.position.epoch = c.epoch;
@@ -494,9 +518,32 @@ std::vector<torch::Tensor> gather_masters(Run& run) {
   return all;
 }
 
+// FSDP, while a checkpoint is written: the whole model back in the module and an SGD over it holding every
+// shard's momentum, so that the file is the unsharded run's (DDP and any world size resume it). Collective.
+class GatheredForCheckpoint {
+ public:
+  explicit GatheredForCheckpoint(Run& run) : run_(run) {
+    if (!run_.fsdp) return;
+    run_.fsdp->unshard();
+    run_.fsdp_optimizer = std::make_unique<torch::optim::SGD>(run_.model->parameters(), sgd_options(run_.o));
+    load_optimizer_state_dict(*run_.fsdp_optimizer, run_.fsdp->full_optimizer_state_dict(run_.optimizer));
+  }
+  ~GatheredForCheckpoint() {
+    if (!run_.fsdp) return;
+    run_.fsdp_optimizer.reset();
+    run_.fsdp->reshard();
+  }
+  GatheredForCheckpoint(const GatheredForCheckpoint&) = delete;
+  GatheredForCheckpoint& operator=(const GatheredForCheckpoint&) = delete;
+
+ private:
+  Run& run_;
+};
+
 // Running sums become global totals held by rank 0, so any world size resumes them exactly.
 void save(Run& run, int64_t epoch, int64_t batch) {
-  if (!check_finite_weights(run)) return;  // a diagnosis run goes on; the last checkpoint stays
+  const GatheredForCheckpoint gathered(run);  // before the check, which reads the whole weights
+  if (!check_finite_weights(run)) return;     // a diagnosis run goes on; the last checkpoint stays
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.sums = run.workers.leader() ? totals : EpochSums{};
   if (auto* zero = run.zero()) zero->consolidate_state_dict(0);  // every rank sends its shard to the leader
