@@ -68,6 +68,25 @@ TEST(FullyShard, ThroughTheBackendInsteadOfSharedMemoryTrainsTheSame) {
   check_equal_to_ddp(2, true, FullyShardOptions().shared_memory(false));
 }
 
+// FSDP2's prefetching through the backend: from the second step on, each unit's all-gather is issued while
+// the one before it computes (forward) or after it (backward); training stays DDP's, bit for bit.
+TEST(FullyShard, PrefetchingTheNextUnitsGatherTrainsTheSame) {
+  check_equal_to_ddp(2, true, FullyShardOptions().shared_memory(false).prefetch(true));
+  on_ranks(2, [](int rank, const ProcessGroup& pg) {
+    for (const bool prefetch : {true, false}) {
+      auto model = make_stack(1);
+      FullyShardedDataParallel fsdp(model, model->units(),
+                                    FullyShardOptions().process_group(pg).shared_memory(false).prefetch(prefetch));
+      for (int step = 0; step < 3; ++step) {
+        const auto d = stack_batch(step, rank, 2);
+        torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+      }
+      // Steps 2 and 3 each prefetch the 3 blocks in forward and the 2 before the last in backward.
+      EXPECT_EQ(fsdp.prefetched_gathers(), prefetch ? 2 * (3 + 2) : 0);
+    }
+  });
+}
+
 TEST(FullyShard, AModelThatNeverEntersItsUnitsTrainsTheSame) { check_equal_to_ddp(2, false, FullyShardOptions()); }
 
 TEST(FullyShard, EachRankHoldsItsRowsAndTheModuleHoldsNoMemoryBetweenSteps) {

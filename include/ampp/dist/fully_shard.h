@@ -77,6 +77,10 @@ struct FullyShardOptions {
   // go through a shared-memory segment (SharedMemoryAllreduce) at memory bandwidth instead of the backend's
   // loopback TCP. Bit-identical to Gloo's for 2 ranks (sums in rank order). false: the backend always.
   TORCH_ARG(bool, shared_memory) = true;
+  // FSDP2's implicit prefetching: while a unit computes, the all-gather of the unit the model enters next
+  // (forward) or the one it entered before (backward) is under way, in the order of the first forward.
+  // Through the backend's collectives only: the shared-memory transport copies on the computing thread.
+  TORCH_ARG(bool, prefetch) = true;
 };
 
 namespace detail {
@@ -181,6 +185,8 @@ class FullyShardedDataParallel {
   std::vector<std::vector<std::string>> unit_parameter_names() const;
   // The gathered dtype of each parameter (the policy applied), by name.
   std::map<std::string, c10::ScalarType> gathered_dtypes() const;
+  // How many units' all-gathers so far were issued ahead of their use (FullyShardOptions::prefetch).
+  int64_t prefetched_gathers() const;
 
  private:
   void pre_root_forward();

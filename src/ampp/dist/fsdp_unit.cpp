@@ -5,6 +5,7 @@
 #include <ampp/util/torch_version.h>
 #include <c10/util/strides.h>
 
+#include <algorithm>
 #include <map>
 
 namespace ampp::dist::detail {
@@ -104,31 +105,68 @@ FsdpUnit::FsdpUnit(std::vector<ShardedParam*> params, const FsdpContext* context
   reset_pending();
 }
 
-void FsdpUnit::unshard() {
-  if (gathered_) return;
-  torch::NoGradGuard no_grad;
-  const auto& group = context_->group;
-  const int world = group.size();
+FsdpUnit* UnitOrder::neighbour(const FsdpUnit* unit, int step) const {
+  const auto it = std::find(recorded.begin(), recorded.end(), unit);
+  if (it == recorded.end()) return nullptr;
+  const auto at = (it - recorded.begin()) + step;
+  return at >= 0 && at < static_cast<int64_t>(recorded.size()) ? recorded[at] : nullptr;
+}
+
+torch::Tensor FsdpUnit::packed_chunk() const {
   auto device = params_.empty() ? torch::kCPU : params_[0]->padded.device();
   auto mine = torch::empty({chunk_bytes_}, torch::dtype(torch::kByte).device(device));
   for (size_t i = 0; i < params_.size(); ++i)
     chunk_in(mine, *params_[i], byte_offsets_[i]).copy_(params_[i]->padded.view({params_[i]->rows_per_rank, -1}));
-  auto all = torch::empty({world, chunk_bytes_}, mine.options());
-  all_gather_bytes(*context_, mine, all);
+  return mine;
+}
+
+void FsdpUnit::unpack_gathered(const torch::Tensor& all) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& p = *params_[i];
     allocate_storage(p.param);
     auto full = storage_alias(p.param, {p.rows, p.row_numel});
-    for (int r = 0; r < world; ++r) {
+    for (int r = 0; r < all.size(0); ++r) {
       const int64_t rows = p.rows_of_rank(r);
       if (rows > 0)
         full.narrow(0, r * p.rows_per_rank, rows).copy_(chunk_in(all[r], p, byte_offsets_[i]).narrow(0, 0, rows));
     }
   }
+}
+
+void FsdpUnit::prefetch() {
+  const auto& group = context_->group;
+  if (gathered_ || pending_gather_ || context_->shared_memory || group.size() == 1) return;
+  torch::NoGradGuard no_grad;
+  PendingGather g{packed_chunk(), {}, {}};
+  g.all = torch::empty({group.size(), chunk_bytes_}, g.mine.options());
+  std::vector<std::vector<torch::Tensor>> out{g.all.unbind(0)};
+  std::vector<torch::Tensor> in{g.mine};
+  g.work = group.c10d()->allgather(out, in);
+  pending_gather_ = std::move(g);
+  ++context_->order->prefetched;
+}
+
+void FsdpUnit::unshard() {
+  if (gathered_) return;
+  torch::NoGradGuard no_grad;
+  if (pending_gather_) {
+    pending_gather_->work->wait();
+    unpack_gathered(pending_gather_->all);
+    pending_gather_.reset();
+  } else {
+    auto mine = packed_chunk();
+    auto all = torch::empty({context_->group.size(), chunk_bytes_}, mine.options());
+    all_gather_bytes(*context_, mine, all);
+    unpack_gathered(all);
+  }
   gathered_ = true;
 }
 
 void FsdpUnit::reshard() {
+  if (pending_gather_) {  // prefetched but not used: every rank issued it, so it completes before it goes
+    pending_gather_->work->wait();
+    pending_gather_.reset();
+  }
   if (!gathered_) return;
   for (const auto* p : params_) free_storage(p->param);
   gathered_ = false;

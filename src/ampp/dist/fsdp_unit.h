@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,18 @@ struct ShardedParam {
   int64_t rows_of_rank(int r) const { return std::max<int64_t>(0, std::min(rows_per_rank, rows - r * rows_per_rank)); }
 };
 
+class FsdpUnit;
+
+// The order the model enters its units through unit_forward, recorded in its first forward: the next unit
+// to prefetch in a forward, and (reversed) in a backward.
+struct UnitOrder {
+  std::vector<FsdpUnit*> recorded;  // the first forward's; empty until its second forward starts
+  std::vector<FsdpUnit*> entered;   // this forward's so far
+  int64_t prefetched = 0;           // all-gathers issued ahead
+  // The recorded unit `step` places from `unit` (+1: the next in a forward, -1: the next in a backward).
+  FsdpUnit* neighbour(const FsdpUnit* unit, int step) const;
+};
+
 // What a unit needs from its owner.
 struct FsdpContext {
   ProcessGroup group;
@@ -45,14 +58,18 @@ struct FsdpContext {
   std::shared_ptr<std::unique_ptr<SharedMemoryAllreduce>> shared_memory;
   // Called from a gradient hook during backward: the owner queues its end-of-backward callback once.
   std::function<void()> on_backward;
+  std::shared_ptr<UnitOrder> order = std::make_shared<UnitOrder>();
 };
 
 class FsdpUnit {
  public:
   FsdpUnit(std::vector<ShardedParam*> params, const FsdpContext* context);
 
-  // All-gathers the parameters into the module's tensors (no-op when gathered).
+  // All-gathers the parameters into the module's tensors (no-op when gathered), completing a prefetch.
   void unshard();
+  // Issues the all-gather without waiting for it (FullyShardOptions::prefetch; the backend's collectives
+  // only); unshard() completes it. No-op when gathered or under way.
+  void prefetch();
   // Frees the module's parameter memory (no-op when resharded).
   void reshard();
   bool gathered() const { return gathered_; }
@@ -72,6 +89,16 @@ class FsdpUnit {
 
  private:
   void reduce_group(const std::vector<ShardedParam*>& group, c10::ScalarType reduce_dtype);
+  // This rank's chunk of every parameter, each at its byte offset.
+  torch::Tensor packed_chunk() const;
+  // Every rank's chunks ([world, chunk_bytes_]) into the module's parameters.
+  void unpack_gathered(const torch::Tensor& all);
+  // A prefetched all-gather under way: its buffers must live until it completes.
+  struct PendingGather {
+    torch::Tensor mine, all;
+    c10::intrusive_ptr<compat::Work> work;
+  };
+  std::optional<PendingGather> pending_gather_;
 
   std::vector<ShardedParam*> params_;
   std::vector<ShardedParam*> trainable_;  // those that require grad: the ones reduced (frozen ones get none)

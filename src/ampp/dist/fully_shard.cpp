@@ -64,6 +64,10 @@ std::shared_ptr<FsdpUnit> fsdp_unit_of(const torch::nn::Module& module) {
 void fsdp_pre_forward(FsdpUnit& unit) {
   unit.scoped = true;
   unit.unshard();
+  auto& order = *unit.context().order;
+  order.entered.push_back(&unit);
+  // The next unit's all-gather runs while this one computes.
+  if (auto* next = order.neighbour(&unit, +1); next && unit.context().options.prefetch()) next->prefetch();
 }
 
 torch::Tensor fsdp_cast_input(FsdpUnit& unit, const torch::Tensor& input) {
@@ -81,7 +85,12 @@ void fsdp_post_forward(const std::shared_ptr<FsdpUnit>& unit, const std::vector<
     std::weak_ptr<FsdpUnit> weak = unit;
     // Before the unit's backward: its parameters again, for the saved tensors that are views of them.
     out.register_hook([weak](const torch::Tensor& grad) {
-      if (auto u = weak.lock()) u->unshard();
+      auto u = weak.lock();
+      if (!u) return grad;
+      u->unshard();
+      // The unit whose backward comes next (entered before this one) gathers while this one's runs.
+      auto* next = u->context().order->neighbour(u.get(), -1);
+      if (next && u->context().options.prefetch()) next->prefetch();
       return grad;
     });
   }
@@ -193,6 +202,11 @@ void FsdpState::pre_root_forward() {
   for (auto& unit : units)
     if (!forwarded || !unit->scoped) unit->unshard();
   forwarded = true;
+  auto& order = *context.order;
+  if (order.recorded.empty()) order.recorded = order.entered;  // the first forward's order, for prefetching
+  order.entered.clear();
+  // The first unit's all-gather runs while the root's own layers compute (the embeddings of a GPT).
+  if (!order.recorded.empty() && context.options.prefetch()) order.recorded.front()->prefetch();
 }
 
 void FsdpState::end_backward() {
@@ -299,6 +313,8 @@ void FullyShardedDataParallel::unshard() {
 void FullyShardedDataParallel::reshard() {
   for (auto& unit : state_->units) unit->reshard();
 }
+
+int64_t FullyShardedDataParallel::prefetched_gathers() const { return state_->context.order->prefetched; }
 
 std::shared_ptr<torch::nn::Module> FullyShardedDataParallel::root() const { return state_->root; }
 const ProcessGroup& FullyShardedDataParallel::process_group() const { return state_->context.group; }
