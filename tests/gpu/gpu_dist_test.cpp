@@ -1,9 +1,10 @@
 // ampp's data parallelism on a real GPU, where one GPU allows it: world size 1 over NCCL (and over Gloo
-// on CUDA tensors). DDP, ZeRO-1 and SyncBatchNorm must then train exactly as the same model without them
+// on CUDA tensors). DDP, ZeRO-1, FSDP and SyncBatchNorm must then train exactly as the same model without them
 // (a sum over one rank is the value itself), so these compare bit for bit with plain training on the GPU.
 // More ranks need more GPUs (NCCL refuses two ranks on one GPU); `ampp train --nproc 2 --device cuda`
 // (Gloo, one GPU shared) runs in scripts/gpu-check.sh's train step.
 #include <ampp/dist/ddp.h>
+#include <ampp/dist/fully_shard.h>
 #include <ampp/dist/process_group.h>
 #include <ampp/dist/sync_batch_norm.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
@@ -51,18 +52,28 @@ std::vector<torch::Tensor> batch(int step) {
   return {torch::randn({16, 3, 8, 8}).to(torch::kCUDA), torch::randint(0, 10, {16}).to(torch::kCUDA)};
 }
 
-// Four SGD steps of `net` through `forward`, with `opt`; the parameters after them.
+// Four SGD steps through `forward`, with `opt`.
 template <typename Forward>
-std::vector<torch::Tensor> train4(torch::nn::Sequential& net, torch::optim::Optimizer& opt, Forward forward) {
+void four_steps(torch::optim::Optimizer& opt, Forward forward) {
   for (int step = 0; step < 4; ++step) {
     const auto b = batch(step);
     opt.zero_grad();
     torch::nn::functional::cross_entropy(forward(b[0]), b[1]).backward();
     opt.step();
   }
+}
+
+std::vector<torch::Tensor> parameters_on_host(const torch::nn::Sequential& net) {
   std::vector<torch::Tensor> out;
   for (const auto& p : net->parameters()) out.push_back(p.detach().cpu());
   return out;
+}
+
+// Four SGD steps of `net` through `forward`, with `opt`; the parameters after them.
+template <typename Forward>
+std::vector<torch::Tensor> train4(torch::nn::Sequential& net, torch::optim::Optimizer& opt, Forward forward) {
+  four_steps(opt, forward);
+  return parameters_on_host(net);
 }
 
 std::vector<torch::Tensor> plain_training() {
@@ -120,5 +131,22 @@ TEST(GpuDist, ZeroAndSyncBatchNormAtWorldSizeOneOverNcclTrainAsPlainTraining) {
     ASSERT_EQ(got.size(), want.size());
     // Its statistics are summed through the group (mean and variance from sums): equal within rounding.
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-5)) << i;
+  }
+}
+
+// FSDP on CUDA tensors: the shards, the gathered parameters' storage (the CUDA allocator's) and the gradients
+// stay on the GPU; at world size 1 a gather is a copy and a reduce-scatter the gradient itself.
+TEST(GpuDist, FsdpAtWorldSizeOneTrainsAsPlainTrainingOverNcclAndGloo) {
+  AMPP_REQUIRE_GPU();
+  const auto want = plain_training();
+  for (const std::string backend : {"nccl", "gloo"}) {
+    OneRankGroup group(backend);
+    auto net = small_net(false);
+    ampp::dist::FullyShardedDataParallel fsdp(net.ptr(), {}, ampp::dist::FullyShardOptions().process_group(group.pg()));
+    for (const auto& shard : fsdp.parameters()) ASSERT_TRUE(shard.is_cuda()) << backend;
+    torch::optim::SGD opt(fsdp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    four_steps(opt, [&](const torch::Tensor& x) { return fsdp.forward<torch::nn::SequentialImpl>(x); });
+    fsdp.unshard();  // the whole model back in the module (which holds no memory between steps), to compare
+    expect_same(parameters_on_host(net), want, "FSDP " + backend);
   }
 }

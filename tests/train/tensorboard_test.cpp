@@ -9,13 +9,13 @@
 #include <fstream>
 #include <iterator>
 
-#include "ampp/train/little_endian.h"
+#include <ampp/util/little_endian.h>
 #include "ampp_test.h"
 
 namespace fs = std::filesystem;
+using ampp::get_le;
 using ampp::train::masked_crc32c;
 using ampp::train::TensorBoardWriter;
-using ampp::train::detail::get_le;
 
 namespace {
 

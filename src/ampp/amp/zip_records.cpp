@@ -3,6 +3,9 @@
 // headers, local file headers.
 #include "zip_records.h"
 
+#include <ampp/util/crc32.h>
+#include <ampp/util/little_endian.h>
+
 #include <c10/util/Exception.h>
 #include <zlib.h>
 
@@ -20,19 +23,7 @@ constexpr uint64_t kMaxEntries = 1 << 20;  // far above any checkpoint; bounds t
 
 uint64_t le(const std::string& bytes, size_t at, int width) {
   TORCH_INTERNAL_ASSERT(at + width <= bytes.size());  // callers read fixed-size headers they checked
-  uint64_t v = 0;
-  for (int i = width - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(bytes[at + i]);
-  return v;
-}
-
-uint32_t crc32_of(const char* data, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (size_t done = 0; done < n;) {  // zlib's length argument is 32-bit
-    const auto chunk = static_cast<uInt>(std::min<size_t>(n - done, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data + done), chunk);
-    done += chunk;
-  }
-  return static_cast<uint32_t>(crc);
+  return get_le(bytes.data() + at, width);
 }
 
 // Where the directory is and how many entries it has (from the EOCD, or its zip64 record).

@@ -3,9 +3,10 @@
 
 #include <ampp/util/archive_bytes.h>
 #include <ampp/util/atomic_file.h>
+#include <ampp/util/crc32.h>
+#include <ampp/util/little_endian.h>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <zlib.h>
 
 #include <cerrno>
 #include <cmath>
@@ -14,7 +15,6 @@
 #include <fstream>
 #include <mutex>
 
-#include "little_endian.h"
 #include "torch_compat.h"
 
 namespace fs = std::filesystem;
@@ -22,25 +22,11 @@ namespace fs = std::filesystem;
 namespace ampp::train {
 namespace {
 
-using detail::get_le;
-using detail::put_le;
-
 // An error's message without LibTorch's C++ backtrace: one line for the user.
 std::string first_line(const std::exception& e) {
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
   std::string text = c10_error ? c10_error->what_without_backtrace() : e.what();
   return text.substr(0, text.find('\n'));
-}
-
-uint32_t crc32_of(const char* data, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (n > 0) {  // zlib's length argument is 32-bit
-    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
-    data += chunk;
-    n -= chunk;
-  }
-  return static_cast<uint32_t>(crc);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include <ampp/train/idx_file.h>
 #include <ampp/util/atomic_file.h>
+#include <ampp/util/crc32.h>
 #include <c10/util/accumulate.h>
 
 #include <fcntl.h>
@@ -83,7 +84,7 @@ std::string idx_header(c10::IntArrayRef shape) {
 }
 
 uint32_t crc32_of(const torch::Tensor& array) {
-  return static_cast<uint32_t>(crc32_z(0, array.data_ptr<uint8_t>(), static_cast<size_t>(array.numel())));
+  return ampp::crc32_of(array.data_ptr<uint8_t>(), static_cast<size_t>(array.numel()));
 }
 
 std::shared_ptr<unsigned char> map_whole_file(const std::string& path, size_t& size) {

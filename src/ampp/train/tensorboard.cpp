@@ -2,6 +2,7 @@
 #include <ampp/scaling/gradient_ranges.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/tensorboard.h>
+#include <ampp/util/little_endian.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -15,7 +16,6 @@
 #include <system_error>
 
 #include "events/tensorboard_events.h"
-#include "little_endian.h"
 
 namespace ampp::train {
 namespace {
@@ -70,10 +70,10 @@ TensorBoardWriter::~TensorBoardWriter() {
 void TensorBoardWriter::write_record(const std::string& data) {
   std::string record;
   record.reserve(data.size() + 16);
-  detail::put_le(record, data.size(), 8);
-  detail::put_le(record, masked_crc32c(record.data(), 8), 4);
+  put_le(record, data.size(), 8);
+  put_le(record, masked_crc32c(record.data(), 8), 4);
   record += data;
-  detail::put_le(record, masked_crc32c(data.data(), data.size()), 4);
+  put_le(record, masked_crc32c(data.data(), data.size()), 4);
   out_.write(record.data(), static_cast<std::streamsize>(record.size()));
 }
 
