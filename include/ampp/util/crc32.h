@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // The CRC-32 of zip and gzip (zlib's), which ampp's checkpoint container, torch.save's zip records and
 // the dataset cache use to tell intact bytes from damaged ones.
 #include <cstddef>

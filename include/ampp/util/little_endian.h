@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Little-endian integers in byte strings, whatever the host's order: the checkpoint container's header,
 // TensorBoard's record framing and the zip records of torch.save files are all written this way.
 #include <cstdint>
