@@ -101,7 +101,8 @@ train() {
   local precision device failed=0
   for precision in "--opt-level O0" "--opt-level O1 --dtype bf16" "--opt-level O1 --dtype fp16"; do
     # The CPU with one worker: --nproc auto would first measure every layout of that machine's cores.
-    for device in "cuda" "cpu --nproc 1"; do
+    # --cuda-graphs: each step one graph replay, against the eager step above it.
+    for device in "cuda" "cuda --nproc 1 --cuda-graphs" "cpu --nproc 1"; do
       train_once "$out" "$build" "$python" "--device $device $precision" || failed=1
     done
   done

@@ -6,6 +6,8 @@
 //                                    overflow on every rank (every attempt: part of the run)
 //   AMPP_TRAIN_TEST_KILL_IN_SAVE=N   rank 0 dies halfway through writing its N-th checkpoint
 //                                    (1-based, first attempt only), leaving a partial temporary file
+//   AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP=1
+//                                    --cuda-graphs runs on the CPU: its step path eagerly, uncaptured
 #include "ampp/train/fault_injection.h"
 
 #include <ampp/util/parse_number.h>
@@ -45,6 +47,7 @@ std::set<int64_t> steps_of_rank(const char* name, int rank) {
 FaultInjection from_environment(int rank, int world, bool restarted) {
   FaultInjection f;
   f.inf_steps = steps_of_rank("AMPP_TRAIN_TEST_INF_AT", rank);
+  f.uncaptured_graph_step = env_int("AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP").value_or(0) != 0;
   if (restarted) return f;
   if (rank == world - 1) {
     f.kill_at_step = env_int("AMPP_TRAIN_TEST_KILL_AT_STEP");

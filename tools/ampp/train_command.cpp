@@ -98,6 +98,9 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
   sub.add_flag_callback(
       "--no-pinned-batches", [&o] { o.pinned_batches(false); },
       "on a GPU: copy batches from pageable memory, blocking, instead of from pinned memory");
+  sub.add_flag("--cuda-graphs", o.cuda_graphs(),
+               "on a GPU, one worker: each step one CUDA graph replay, nothing waiting for the host; the loss and "
+               "accuracy read every --log-every steps (O0/O1; docs/gpu.md)");
   sub.add_flag_callback(
       "--nchw", [&o] { o.channels_last(false); },
       "keep cnn and resnet activations in NCHW order instead of channels-last (slower CPU kernels; for comparison)");

@@ -72,6 +72,10 @@ struct TrainOptions {
   TORCH_ARG(bool, cudnn_benchmark) = true;
   TORCH_ARG(bool, fused_optimizer) = true;
   TORCH_ARG(bool, pinned_batches) = true;
+  // On a GPU, one worker: each step is one CUDA graph replayed (ampp::CudaGraphStep) instead of hundreds of
+  // launches, with GradScaler and ampp::FusedSGD, so that nothing in a step waits for the host; the loss,
+  // accuracy, scale and skips are read every log_every steps. Refuses what needs the host every step.
+  TORCH_ARG(bool, cuda_graphs) = false;
   // ModelOptions::channels_last: cnn and resnet activations in channels-last order (faster CPU kernels).
   TORCH_ARG(bool, channels_last) = true;
   // The number of classes; 0 = from the data (max label + 1; a class with no training image is an error).

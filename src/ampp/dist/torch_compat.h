@@ -21,12 +21,8 @@
 
 namespace ampp::dist::compat {
 
-// A collective under way (2.0 moved it out of ProcessGroup).
-#if AMPP_TORCH_AT_LEAST(2, 0)
+// A collective under way.
 using Work = c10d::Work;
-#else
-using Work = c10d::ProcessGroup::Work;
-#endif
 
 // 2.0 split c10d's ProcessGroup (the front that dispatches by device) from Backend (pytorch#88330):
 // ProcessGroupGloo became a Backend and is wrapped in a ProcessGroup. 2.6 dropped the front's

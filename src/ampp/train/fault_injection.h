@@ -14,6 +14,7 @@ struct FaultInjection {
   std::optional<int64_t> stop_at_step;  // the last rank SIGSTOPs itself after this step
   std::set<int64_t> inf_steps;          // this rank's loss is made inf at these steps
   std::optional<int64_t> kill_in_save;  // rank 0 dies halfway through writing its N-th checkpoint (1-based)
+  bool uncaptured_graph_step = false;   // TrainOptions::cuda_graphs on the CPU: its step path, run eagerly
 };
 
 using FaultSource = FaultInjection (*)(int rank, int world, bool restarted);

@@ -4,6 +4,8 @@
 #include <ampp/train/models.h>
 #include <ampp/train/options.h>
 
+#include "fault_injection.h"
+
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
@@ -89,6 +91,24 @@ void validate_fsdp(const TrainOptions& o) {
   TORCH_CHECK(o.device() == "cpu", "TrainOptions::fsdp runs on the CPU (Gloo) for now; use --device cpu");
 }
 
+// What --cuda-graphs cannot capture, each refused with what to do instead.
+void validate_cuda_graphs(const TrainOptions& o) {
+  if (!o.cuda_graphs()) return;
+  const auto no = [](const char* what) { return std::string("TrainOptions::cuda_graphs: ") + what + " (docs/gpu.md)"; };
+  TORCH_CHECK(o.device() != "cpu" || detail::faults_for(0, 1, false).uncaptured_graph_step,
+              no("CUDA graphs need a GPU; use --device cuda, or drop --cuda-graphs"));
+  TORCH_CHECK(o.opt_level() == OptLevel::O0 || o.opt_level() == OptLevel::O1,
+              no("O0 and O1 only (O2's master copies and O3 are not captured yet); use --opt-level O0 or O1"));
+  TORCH_CHECK(
+      o.warmup_steps() == 0 && o.clip_grad_norm() == 0,
+      no("--warmup-steps changes the lr every step and --clip-grad-norm reads the norm on the host; drop them"));
+  TORCH_CHECK(o.checkpoint_dir().empty() && !o.resume() && o.resume_from().empty(),
+              no("checkpoints are not written from graphs yet; drop --checkpoint-dir, --resume and --resume-from"));
+  TORCH_CHECK(!o.doctor() && !o.profile(), no("--doctor and --profile read every step on the host; drop them"));
+  TORCH_CHECK(o.fused_optimizer(),
+              no("the step needs ampp::FusedSGD, which keeps the skip decision on the GPU; drop --no-fused-optimizer"));
+}
+
 void validate_run_and_outputs(const TrainOptions& o) {
   TORCH_CHECK(o.threads() >= 0 && o.threads() <= 1024,
               "TrainOptions::threads must be 0 (automatic) or a count from 1 to 1024, got ", o.threads());
@@ -112,6 +132,7 @@ void validate(const TrainOptions& options) {
   validate_run_and_outputs(options);
   validate_device(options);
   validate_fsdp(options);
+  validate_cuda_graphs(options);
 }
 
 torch::Device usable_device(const std::string& text, const std::string& what) {

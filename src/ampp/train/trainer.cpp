@@ -41,6 +41,7 @@
 #include "buffer_guard.h"
 #include "doctor.h"
 #include "fault_injection.h"
+#include "graphed_step.h"
 #include "report_json.h"
 
 #include <algorithm>
@@ -273,6 +274,8 @@ struct Run {
   }
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
+  // The live loss scale: the graphed step's as last read (TrainOptions::cuda_graphs), or Amp's.
+  double loss_scale() const { return graphed ? graphed_read.loss_scale : amp.loss_scale(); }
   dist::ZeroRedundancyOptimizer* zero() { return dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer); }
   // What a checkpoint holds: the whole state, under ZeRO gathered on the leader by consolidate_state_dict(),
   // under FSDP on every rank by GatheredForCheckpoint (the optimizer then steps shards, the values are the
@@ -331,6 +334,8 @@ struct Run {
   std::optional<OpProfile> ops;
   std::vector<torch::Tensor> gathered_masters;        // ZeRO under O2: every shard's masters, for the checkpoint
   std::unique_ptr<torch::optim::SGD> fsdp_optimizer;  // FSDP: the unsharded SGD, while a checkpoint is written
+  std::unique_ptr<detail::GraphedTrainStep> graphed;  // TrainOptions::cuda_graphs, else null
+  detail::GraphedTrainStep::Readout graphed_read;     // its last read
 };
 
 // ---- small helpers ----
@@ -775,7 +780,7 @@ void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per
   r.epoch = epoch;
   r.step = run.position.global_step;
   r.loss = step.loss;
-  r.loss_scale = run.amp.loss_scale();
+  r.loss_scale = run.loss_scale();
   r.skipped = !step.stepped;
   r.overflowed = step.overflowed;
   r.skipped_total = run.position.skipped_total;
@@ -945,8 +950,7 @@ void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar*
     if (log_now || bar) meter.update(log_now, images_per_step);
     if (log_now && run.metrics) log_step(run, epoch, step, meter.images_per_sec);
     if (bar)
-      bar->update(batches.position(), meter.images_per_sec, step.loss, run.amp.loss_scale(),
-                  run.position.skipped_total);
+      bar->update(batches.position(), meter.images_per_sec, step.loss, run.loss_scale(), run.position.skipped_total);
     check_divergence(run, step);
     const bool stop = reached_step_limit(run);
     const bool periodic = o.checkpoint_every() > 0 && run.position.global_step % o.checkpoint_every() == 0;
@@ -981,7 +985,7 @@ void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStar
     r.images_per_sec = (run.position.global_step - start.global_step) * run.per_rank_batch * run.workers.world /
                        std::max(seconds, 1e-9);
     r.skipped_total = run.position.skipped_total;
-    r.loss_scale = run.amp.loss_scale();
+    r.loss_scale = run.loss_scale();
     r.lr = current_lr(run.optimizer);
     run.metrics->write(r);
     if (run.tensorboard) log_to_tensorboard(*run.tensorboard, r);
@@ -997,6 +1001,83 @@ void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStar
   }
 }
 
+// ---- TrainOptions::cuda_graphs ----
+
+// The graphed step: the model's forward through the run's Amp (its autocast, as the eager step's), and a
+// GradScaler with Amp's loss-scale options that always checks for inf/NaN (at O0 with a static scale of
+// 1, so that none reaches the weights, as the eager step's host check).
+std::unique_ptr<detail::GraphedTrainStep> make_graphed_step(Run& run) {
+  TORCH_CHECK(run.workers.world == 1,
+              "TrainOptions::cuda_graphs: one worker only for now (DDP's collectives are "
+              "not captured); use --nproc 1, or drop --cuda-graphs (docs/gpu.md)");
+  GradScalerOptions scaler = run.amp.scaler().options();
+  if (!run.amp.checks_overflow()) scaler.enabled(true).init_scale(1.0).dynamic(false);
+  auto forward = [&run](const torch::Tensor& data, const torch::Tensor& target) {
+    const auto logits = run.amp.forward(run.model, data).to(torch::kFloat32);
+    const auto loss = classification_loss(logits, target);
+    return detail::GraphedTrainStep::Outputs{logits, loss, maybe_inject_inf(run, loss)};
+  };
+  const bool capture = !run.faults.uncaptured_graph_step;
+  run.graphed_read.loss_scale = scaler.init_scale();
+  return std::make_unique<detail::GraphedTrainStep>(forward, run.optimizer, scaler, capture);
+}
+
+// The device's sums since the last read into the epoch's sums, and the last step as StepResult says it.
+StepResult read_graphed(Run& run) {
+  run.graphed_read = run.graphed->read();  // a host synchronisation
+  const auto& r = run.graphed_read;
+  run.sums.loss_sum += r.loss_sum;
+  run.sums.correct += r.correct;
+  run.sums.seen += r.seen;
+  run.position.skipped_total = r.skipped_total;
+  StepResult step;
+  step.loss = r.last_loss;
+  step.stepped = r.consecutive_overflows == 0;
+  return step;
+}
+
+// Divergence as check_divergence() sees it, from what a read tells: the skips in a row up to the last step.
+void check_graphed_divergence(Run& run, const StepResult& step) {
+  if (std::isfinite(step.loss)) run.last_finite_loss = step.loss, run.last_finite_loss_step = run.position.global_step;
+  run.skips_in_a_row = run.graphed_read.consecutive_overflows;
+  const int64_t limit = run.o.max_consecutive_skips();
+  if (limit > 0 && run.skips_in_a_row >= limit)
+    stop_diverged(run, fmt::format("steps {} to {} ({} in a row, TrainOptions::max_consecutive_skips) had inf/NaN "
+                                   "gradients and were skipped (no step was taken on them)",
+                                   run.position.global_step - run.skips_in_a_row + 1, run.position.global_step,
+                                   run.skips_in_a_row));
+}
+
+// train_batches() with the graphed step: the host reads the device only every log_every steps, at the
+// epoch's end and at the step limit.
+void train_batches_graphed(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar* bar) {
+  const auto& o = run.o;
+  Throughput meter;
+  run.clock.restart();
+  while (auto next = batches.next()) {
+    const torch::Tensor data = to_device(next->data, run), target = to_device(next->target, run);
+    run.clock.lap(StepPhase::kData);
+    run.graphed->step(data, target, scheduled_lr(o, epoch, steps_taken(run.position)));  // the lr is the epoch's
+    run.clock.lap(StepPhase::kForward);                                                  // the whole step: one graph
+    ++run.position.global_step;
+    if (run.faults.kill_at_step == run.position.global_step) std::raise(SIGKILL);
+    dist::report_progress(run.position.global_step);
+    ++meter.steps;
+    const bool epoch_end = batches.position() == batches.num_batches(), stop = reached_step_limit(run);
+    if (run.position.global_step % o.log_every() == 0 || epoch_end || stop) {
+      const StepResult step = read_graphed(run);
+      meter.update(true, run.per_rank_batch);
+      if (run.metrics) log_step(run, epoch, step, meter.images_per_sec);
+      if (bar)
+        bar->update(batches.position(), meter.images_per_sec, step.loss, run.loss_scale(), run.position.skipped_total);
+      check_graphed_divergence(run, step);
+    }
+    ++run.phases.steps;
+    run.clock.lap(StepPhase::kBookkeeping);
+    if (stop) break;
+  }
+}
+
 // One epoch; false when TrainOptions::steps stopped it before its end (the checkpoint written
 // there holds the position).
 bool run_epoch(Run& run, int64_t epoch, bool tty) {
@@ -1004,7 +1085,10 @@ bool run_epoch(Run& run, int64_t epoch, bool tty) {
   std::optional<ProgressBar> bar;
   if (run.workers.leader() && run.o.progress()) bar.emplace(epoch, run.o.epochs(), batches.num_batches(), tty);
   const EpochStart start{Clock::now(), run.position.global_step};
-  train_batches(run, epoch, batches, bar ? &*bar : nullptr);
+  if (run.graphed)
+    train_batches_graphed(run, epoch, batches, bar ? &*bar : nullptr);
+  else
+    train_batches(run, epoch, batches, bar ? &*bar : nullptr);
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.last_train_loss = totals.loss_sum / std::max(totals.seen, 1.0);
   run.last_eval = evaluate(run);
@@ -1077,7 +1161,7 @@ Summary summarize(const Run& run) {
     s.tokens_per_sec = s.images_per_sec * static_cast<double>(run.data.train.images.size(1));
     s.unigram_loss = run.data.unigram_loss;
   }
-  s.final_scale = run.amp.loss_scale();
+  s.final_scale = run.loss_scale();
   s.peak_rss_mb = peak_rss_mb();
   return s;
 }
@@ -1221,6 +1305,11 @@ Summary train(const TrainOptions& options) {
   if (options.doctor() && run.workers.leader()) run.ranges.emplace();
   if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
+  if (options.cuda_graphs()) {
+    run.graphed = make_graphed_step(run);
+    run.say(fmt::format("CUDA graphs: each step is one graph replay; the loss and accuracy are read every {} steps",
+                        options.log_every()));
+  }
   run.epochs_done = run.position.epoch;
   run.model->train();
   const bool tty = is_terminal(stdout);

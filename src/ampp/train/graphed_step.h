@@ -1,0 +1,67 @@
+#pragma once
+// Internal to ampp: TrainOptions::cuda_graphs, `ampp train`'s step as one CUDA graph.
+//
+// The step (the model's forward under the run's autocast, the loss, GradScaler's scaled backward, inf check
+// and unscale, the fused SGD step, the scale update) keeps everything on the device: the skip decision
+// stays there (ampp::FusedSGD takes GradScaler's tensors), and the loss and the correct predictions are
+// summed there, read (one host synchronisation) only when the trainer logs. On a GPU it runs through
+// ampp::CudaGraphStep: captured after its warm-up steps and replayed. A batch of another shape (an epoch's
+// short last batch) runs eagerly, and a new learning rate captures anew (a graph keeps the lr it was
+// captured with). Uncaptured (the CPU tests) every step runs eagerly, the path a GPU captures.
+#include <ampp/scaling/cuda_graph_step.h>
+#include <ampp/scaling/grad_scaler.h>
+
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace ampp::train::detail {
+
+class GraphedTrainStep {
+ public:
+  // A batch's forward under the run's autocast: the logits, the loss, and the loss to backward (the same
+  // one, but for the test faults' injected inf).
+  struct Outputs {
+    torch::Tensor logits, loss, to_backward;
+  };
+  using ForwardLoss = std::function<Outputs(const torch::Tensor& data, const torch::Tensor& target)>;
+
+  // What the steps since the last read() summed, and where the scaler stands (host values).
+  struct Readout {
+    double loss_sum = 0;  // each step's loss times its targets
+    double correct = 0;
+    double seen = 0;
+    double last_loss = 0;
+    double loss_scale = 1;
+    int64_t skipped_total = 0;          // steps skipped for inf/NaN gradients since the start
+    int64_t consecutive_overflows = 0;  // of the last steps, in a row (0: the last one stepped)
+  };
+
+  GraphedTrainStep(ForwardLoss forward_loss, torch::optim::Optimizer& optimizer, const GradScalerOptions& scaler,
+                   bool capture);
+
+  // One training step on a batch already on the model's device, at learning rate `lr`.
+  void step(const torch::Tensor& data, const torch::Tensor& target, double lr);
+  // Reads the sums (and resets them) and the scaler: a host synchronisation.
+  Readout read();
+  bool captured() const { return graph_ && graph_->captured(); }
+
+ private:
+  torch::Tensor run_step(const torch::Tensor& data, const torch::Tensor& target);
+  bool fits_graph(const torch::Tensor& data, const torch::Tensor& target) const;
+
+  ForwardLoss forward_loss_;
+  torch::optim::Optimizer& optimizer_;
+  GradScaler scaler_;
+  bool capture_;
+  std::unique_ptr<CudaGraphStep> graph_;
+  double graph_lr_ = 0;               // the lr the graph was built with
+  torch::Tensor loss_sum_, correct_;  // on the device, float64 and int64, added to in place by every step
+  double seen_ = 0;                   // known on the host: the targets of each step
+  torch::Tensor last_loss_;
+};
+
+}  // namespace ampp::train::detail

@@ -1,0 +1,75 @@
+// `ampp train --cuda-graphs` without a GPU: its step path (GradScaler with Amp's loss-scale options, the
+// fused step's skip on the device, the loss and accuracy summed on the device and read every --log-every
+// steps) runs eagerly on the CPU in the test binary `ampp-faults` (AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP=1;
+// what a GPU captures as one graph), and must train the eager trainer's model bit for bit, with the same
+// losses, skips and loss scale. What it cannot capture is refused by name.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+#include "ampp_test.h"
+#include "train_cli.h"
+
+namespace {
+
+namespace fs = ampp_test::fs;
+
+const std::string kUncaptured = "AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP=1 ";
+
+std::string run_line(const fs::path& dir, const std::string& extra) {
+  const std::string workers = extra.find("--nproc") == std::string::npos ? "--nproc 1 " : "";
+  return "train --data synthetic:384 --model cnn --batch-size 32 --deterministic --threads 1 --quiet --no-plots " +
+         workers + "--epochs 2 --log-every 5 --out " + (dir / "out").string() + " " + extra;
+}
+
+nlohmann::json summary_json_of(const fs::path& dir) {
+  std::ifstream in(dir / "out" / "summary.json");
+  return nlohmann::json::parse(in);
+}
+
+// The eager trainer and the graphed step path, both on the CPU, for one precision; `env` injects faults.
+void check_graphed_path_trains_as_eager(const std::string& precision, const std::string& env = "") {
+  ampp_test::TempDir tmp;
+  auto r = ampp_test::run_shell(env + AMPP_FAULTS_CLI + " " + run_line(tmp.path() / "eager", precision));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = ampp_test::run_shell(env + kUncaptured + AMPP_FAULTS_CLI + " " +
+                           run_line(tmp.path() / "graphed", precision + " --cuda-graphs"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  ampp_test::expect_same_model(tmp.path() / "eager" / "out" / "model.pt", tmp.path() / "graphed" / "out" / "model.pt");
+  const auto eager = summary_json_of(tmp.path() / "eager"), graphed = summary_json_of(tmp.path() / "graphed");
+  for (const char* key : {"steps", "skipped_steps", "final_loss_scale", "train_loss", "test_loss", "test_accuracy"})
+    EXPECT_EQ(graphed.at(key), eager.at(key)) << key;
+}
+
+TEST(CudaGraphsCli, TheGraphedStepPathTrainsAsTheEagerStepInFp32) {
+  check_graphed_path_trains_as_eager("--opt-level O0");
+}
+
+TEST(CudaGraphsCli, TheGraphedStepPathTrainsAsTheEagerStepInBf16) {
+  check_graphed_path_trains_as_eager("--opt-level O1 --dtype bf16");
+}
+
+// Dynamic loss scaling, with an inf at step 3: both skip it and back the scale off alike.
+TEST(CudaGraphsCli, TheGraphedStepPathSkipsAndScalesAsTheEagerStepInFp16) {
+  check_graphed_path_trains_as_eager("--opt-level O1 --dtype fp16", "AMPP_TRAIN_TEST_INF_AT=3:0 ");
+}
+
+TEST(CudaGraphsCli, WhatCannotBeCapturedIsRefusedByName) {
+  ampp_test::TempDir tmp;
+  const auto refused = [&](const std::string& env, const std::string& extra, const std::string& message) {
+    const auto r = ampp_test::run_shell(env + AMPP_FAULTS_CLI + " " + run_line(tmp.path(), "--cuda-graphs " + extra));
+    EXPECT_NE(r.code, 0) << extra;
+    EXPECT_NE(r.output.find(message), std::string::npos) << extra << ": " << r.output;
+  };
+  refused("", "", "CUDA graphs need a GPU; use --device cuda");
+  refused(kUncaptured, "--opt-level O2", "O0 and O1 only");
+  refused(kUncaptured, "--warmup-steps 10", "--warmup-steps changes the lr every step");
+  refused(kUncaptured, "--checkpoint-dir " + (tmp.path() / "ckpt").string(), "checkpoints are not written from graphs");
+  refused(kUncaptured, "--no-fused-optimizer", "drop --no-fused-optimizer");
+  refused(kUncaptured, "--nproc 2", "one worker only for now");
+}
+
+}  // namespace
