@@ -2,7 +2,7 @@
 // fused step's skip on the device, the loss and accuracy summed on the device and read every --log-every
 // steps) runs eagerly on the CPU in the test binary `ampp-faults` (AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP=1;
 // what a GPU captures as one graph), and must train the eager trainer's model bit for bit, with the same
-// losses, skips and loss scale. What it cannot capture is refused by name.
+// losses, skips and loss scale, and its checkpoints resume exactly. What it cannot capture is refused by name.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +57,30 @@ TEST(CudaGraphsCli, TheGraphedStepPathSkipsAndScalesAsTheEagerStepInFp16) {
   check_graphed_path_trains_as_eager("--opt-level O1 --dtype fp16", "AMPP_TRAIN_TEST_INF_AT=3:0 ");
 }
 
+// Checkpoints: a graphed run stopped mid-epoch (step 18 of 24) and resumed ends with the uninterrupted eager
+// run's model, skips and scale; its checkpoint is the eager trainer's, which resumes it too.
+TEST(CudaGraphsCli, ItsCheckpointsResumeExactlyUnderEitherStep) {
+  ampp_test::TempDir tmp;
+  const std::string fp16 = "--opt-level O1 --dtype fp16 ", inf = "AMPP_TRAIN_TEST_INF_AT=3:0,20:0 ";
+  auto run = [&](const std::string& dir, const std::string& env, const std::string& extra) {
+    const auto r = ampp_test::run_shell(
+        inf + env + AMPP_FAULTS_CLI + " " +
+        run_line(tmp.path() / dir, fp16 + "--checkpoint-dir " + (tmp.path() / dir / "ckpt").string() + " " + extra));
+    ASSERT_EQ(r.code, 0) << r.output;
+  };
+  run("eager", "", "");
+  run("graphed", kUncaptured, "--cuda-graphs --steps 18");
+  run("graphed", kUncaptured, "--cuda-graphs --resume");
+  run("graphed-then-eager", kUncaptured, "--cuda-graphs --steps 18");
+  run("graphed-then-eager", "", "--resume");
+  for (const std::string dir : {"graphed", "graphed-then-eager"}) {
+    ampp_test::expect_same_model(tmp.path() / "eager" / "out" / "model.pt", tmp.path() / dir / "out" / "model.pt");
+    const auto eager = summary_json_of(tmp.path() / "eager"), resumed = summary_json_of(tmp.path() / dir);
+    for (const char* key : {"steps", "skipped_steps", "final_loss_scale", "train_loss"})
+      EXPECT_EQ(resumed.at(key), eager.at(key)) << dir << ": " << key;
+  }
+}
+
 TEST(CudaGraphsCli, WhatCannotBeCapturedIsRefusedByName) {
   ampp_test::TempDir tmp;
   const auto refused = [&](const std::string& env, const std::string& extra, const std::string& message) {
@@ -67,7 +91,6 @@ TEST(CudaGraphsCli, WhatCannotBeCapturedIsRefusedByName) {
   refused("", "", "CUDA graphs need a GPU; use --device cuda");
   refused(kUncaptured, "--opt-level O2", "O0 and O1 only");
   refused(kUncaptured, "--warmup-steps 10", "--warmup-steps changes the lr every step");
-  refused(kUncaptured, "--checkpoint-dir " + (tmp.path() / "ckpt").string(), "checkpoints are not written from graphs");
   refused(kUncaptured, "--no-fused-optimizer", "drop --no-fused-optimizer");
   refused(kUncaptured, "--nproc 2", "one worker only for now");
 }

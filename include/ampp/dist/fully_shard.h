@@ -29,6 +29,8 @@
 #include <ampp/dist/process_group.h>
 
 #include <ATen/core/Dict.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Type.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -135,11 +137,15 @@ class FullyShardedDataParallel {
   FullyShardedDataParallel& operator=(FullyShardedDataParallel&&) noexcept;
 
   // The root's forward with FSDP's bookkeeping (the root unit gathered; outputs cast to output_dtype).
-  // `ModuleType` is root's concrete type: fsdp.forward<GptImpl>(tokens).
+  // `ModuleType` is root's concrete type (or a base of it): fsdp.forward<GptImpl>(tokens).
   template <typename ModuleType, typename... Args>
   auto forward(Args&&... args) {
+    // A checked cast: some LibTorch modules (1.13's Sequential) derive from Module virtually.
+    auto* typed = dynamic_cast<ModuleType*>(root().get());
+    TORCH_CHECK(typed, "ampp::dist::FullyShardedDataParallel::forward<ModuleType>: the root module is not a ",
+                c10::demangle_type<ModuleType>(), "; name the root's own type");
     pre_root_forward();
-    auto& module = static_cast<ModuleType&>(*root());
+    auto& module = *typed;
     auto out = module.forward(cast_root_input(std::forward<Args>(args))...);
     return post_root_forward(out);
   }

@@ -48,6 +48,8 @@ class GraphedTrainStep {
   // Reads the sums (and resets them) and the scaler: a host synchronisation.
   Readout read();
   bool captured() const { return graph_ && graph_->captured(); }
+  // Its loss scaler, to save and restore with a checkpoint (between steps).
+  GradScaler& scaler() { return scaler_; }
 
  private:
   torch::Tensor run_step(const torch::Tensor& data, const torch::Tensor& target);

@@ -102,8 +102,6 @@ void validate_cuda_graphs(const TrainOptions& o) {
   TORCH_CHECK(
       o.warmup_steps() == 0 && o.clip_grad_norm() == 0,
       no("--warmup-steps changes the lr every step and --clip-grad-norm reads the norm on the host; drop them"));
-  TORCH_CHECK(o.checkpoint_dir().empty() && !o.resume() && o.resume_from().empty(),
-              no("checkpoints are not written from graphs yet; drop --checkpoint-dir, --resume and --resume-from"));
   TORCH_CHECK(!o.doctor() && !o.profile(), no("--doctor and --profile read every step on the host; drop them"));
   TORCH_CHECK(o.fused_optimizer(),
               no("the step needs ampp::FusedSGD, which keeps the skip decision on the GPU; drop --no-fused-optimizer"));

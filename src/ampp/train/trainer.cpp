@@ -336,6 +336,7 @@ struct Run {
   std::unique_ptr<torch::optim::SGD> fsdp_optimizer;  // FSDP: the unsharded SGD, while a checkpoint is written
   std::unique_ptr<detail::GraphedTrainStep> graphed;  // TrainOptions::cuda_graphs, else null
   detail::GraphedTrainStep::Readout graphed_read;     // its last read
+  int64_t graphed_skipped_base = 0;                   // skips before its scaler counted them (a resumed run's)
 };
 
 // ---- small helpers ----
@@ -545,10 +546,22 @@ class GatheredForCheckpoint {
   Run& run_;
 };
 
+// TrainOptions::cuda_graphs: the graphed step's scale and growth tracker into Amp's scaler, which the
+// checkpoint holds (the file is the eager trainer's, and either resumes it).
+void graphed_scaler_into_amp(Run& run) {
+  if (!run.amp.checks_overflow()) return;
+  AmpStateDict state = run.amp.state_dict();
+  auto entry = state.at("loss_scaler0").toGenericDict();
+  entry.insert_or_assign("loss_scale", run.graphed->scaler().get_scale());
+  entry.insert_or_assign("unskipped", run.graphed->scaler().get_growth_tracker());
+  run.amp.load_state_dict(state);
+}
+
 // Running sums become global totals held by rank 0, so any world size resumes them exactly.
 void save(Run& run, int64_t epoch, int64_t batch) {
   const GatheredForCheckpoint gathered(run);  // before the check, which reads the whole weights
-  if (!check_finite_weights(run)) return;     // a diagnosis run goes on; the last checkpoint stays
+  if (run.graphed) graphed_scaler_into_amp(run);
+  if (!check_finite_weights(run)) return;  // a diagnosis run goes on; the last checkpoint stays
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.sums = run.workers.leader() ? totals : EpochSums{};
   if (auto* zero = run.zero()) zero->consolidate_state_dict(0);  // every rank sends its shard to the leader
@@ -1018,8 +1031,12 @@ std::unique_ptr<detail::GraphedTrainStep> make_graphed_step(Run& run) {
     return detail::GraphedTrainStep::Outputs{logits, loss, maybe_inject_inf(run, loss)};
   };
   const bool capture = !run.faults.uncaptured_graph_step;
-  run.graphed_read.loss_scale = scaler.init_scale();
-  return std::make_unique<detail::GraphedTrainStep>(forward, run.optimizer, scaler, capture);
+  auto graphed = std::make_unique<detail::GraphedTrainStep>(forward, run.optimizer, scaler, capture);
+  // A resumed run's scale and growth tracker, which the checkpoint put in Amp's scaler.
+  if (run.amp.checks_overflow()) graphed->scaler().load_state_dict(run.amp.scaler().state_dict());
+  run.graphed_read.loss_scale = graphed->scaler().get_scale();
+  run.graphed_skipped_base = run.position.skipped_total - graphed->scaler().skipped_steps();
+  return graphed;
 }
 
 // The device's sums since the last read into the epoch's sums, and the last step as StepResult says it.
@@ -1029,7 +1046,7 @@ StepResult read_graphed(Run& run) {
   run.sums.loss_sum += r.loss_sum;
   run.sums.correct += r.correct;
   run.sums.seen += r.seen;
-  run.position.skipped_total = r.skipped_total;
+  run.position.skipped_total = run.graphed_skipped_base + r.skipped_total;
   StepResult step;
   step.loss = r.last_loss;
   step.stepped = r.consecutive_overflows == 0;
@@ -1049,7 +1066,7 @@ void check_graphed_divergence(Run& run, const StepResult& step) {
 }
 
 // train_batches() with the graphed step: the host reads the device only every log_every steps, at the
-// epoch's end and at the step limit.
+// epoch's end, at the step limit and before a checkpoint.
 void train_batches_graphed(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar* bar) {
   const auto& o = run.o;
   Throughput meter;
@@ -1064,7 +1081,9 @@ void train_batches_graphed(Run& run, int64_t epoch, BatchIterator& batches, Prog
     dist::report_progress(run.position.global_step);
     ++meter.steps;
     const bool epoch_end = batches.position() == batches.num_batches(), stop = reached_step_limit(run);
-    if (run.position.global_step % o.log_every() == 0 || epoch_end || stop) {
+    const bool periodic = o.checkpoint_every() > 0 && run.position.global_step % o.checkpoint_every() == 0;
+    const bool saves = !run.checkpoint.empty() && !epoch_end && (stop || periodic);
+    if (run.position.global_step % o.log_every() == 0 || epoch_end || stop || saves) {
       const StepResult step = read_graphed(run);
       meter.update(true, run.per_rank_batch);
       if (run.metrics) log_step(run, epoch, step, meter.images_per_sec);
@@ -1072,6 +1091,7 @@ void train_batches_graphed(Run& run, int64_t epoch, BatchIterator& batches, Prog
         bar->update(batches.position(), meter.images_per_sec, step.loss, run.loss_scale(), run.position.skipped_total);
       check_graphed_divergence(run, step);
     }
+    if (saves) save(run, epoch, batches.position());  // after a read: the sums and the scale are the step's
     ++run.phases.steps;
     run.clock.lap(StepPhase::kBookkeeping);
     if (stop) break;
