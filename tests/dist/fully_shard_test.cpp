@@ -369,6 +369,14 @@ TEST(FullyShard, ForwardInputsAreCastOnlyUnderAParamDtypeAsInFsdp2) {
   });
 }
 
+TEST(FullyShard, AForwardThroughAnotherModuleTypeIsRefused) {
+  on_ranks(1, [](int, const ProcessGroup& pg) {
+    auto model = make_stack(1);
+    FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+    AMPP_EXPECT_THROW_WITH(fsdp.forward<StackBlockImpl>(torch::randn({2, 12})), "the root module is not a");
+  });
+}
+
 TEST(FullyShard, AUnitOutsideTheRootIsRefused) {
   on_ranks(1, [](int, const ProcessGroup& pg) {
     auto model = make_stack(1), other = make_stack(2);
