@@ -51,6 +51,7 @@
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
 #include <ampp/train/options.h>
+#include <ampp/train/prefetcher.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 #include <ampp/train/tensorboard.h>
 #include <ampp/train/trainer.h>

@@ -271,16 +271,34 @@ TEST(LayoutCli, FsdpIsMeasuredAsAJobOfItsOwn) {
   EXPECT_EQ(with_fsdp, 1) << jobs.dump();
 }
 
-// The GPU defaults (cuDNN benchmark mode, FusedSGD, pinned batches) are ignored on the CPU: turning them
+// The GPU defaults (cuDNN benchmark mode, FusedSGD, pinned and prefetched batches) are ignored on the CPU: turning them
 // off there trains the same model, bit for bit.
 TEST(GpuDefaultsCli, OnTheCpuTheirFlagsChangeNothing) {
   ampp_test::TempDir tmp;
   for (const std::string dir : {"defaults", "off"}) {
     const std::string extra =
-        dir == "off" ? "--no-cudnn-benchmark --no-fused-optimizer --no-pinned-batches --device cpu " : "";
+        dir == "off" ? "--no-cudnn-benchmark --no-fused-optimizer --no-pinned-batches --no-prefetch --device cpu " : "";
     const auto r =
         ampp_test::run_ampp(ampp_test::small_run(tmp.path() / dir, "--nproc 1 --steps 6 --opt-level O1 " + extra));
     ASSERT_EQ(r.code, 0) << r.output;
   }
   ampp_test::expect_same_model(tmp.path() / "defaults" / "out" / "model.pt", tmp.path() / "off" / "out" / "model.pt");
+}
+
+// The batches' loader thread (a GPU default; the test faults turn it on on the CPU) hands the step the
+// same batches: two workers trained with it, stopped mid-epoch (step 9 of 12) and resumed, end with the
+// model of a run without it, bit for bit.
+TEST(GpuDefaultsCli, PrefetchedBatchesTrainTheSameModelAndResumeExactly) {
+  ampp_test::TempDir tmp;
+  auto train = [&](const std::string& dir, const std::string& env, const std::string& extra) {
+    const auto r = ampp_test::run_shell(env + AMPP_FAULTS_CLI + " " +
+                                        ampp_test::small_run(tmp.path() / dir, "--epochs 2 --opt-level O1 " + extra));
+    ASSERT_EQ(r.code, 0) << r.output;
+  };
+  const std::string prefetch = "AMPP_TRAIN_TEST_PREFETCH_ON_CPU=1 ";
+  train("plain", "", "");
+  train("prefetched", prefetch, "--steps 9");
+  train("prefetched", prefetch, "--resume");
+  ampp_test::expect_same_model(tmp.path() / "plain" / "out" / "model.pt",
+                               tmp.path() / "prefetched" / "out" / "model.pt");
 }

@@ -98,6 +98,10 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
   sub.add_flag_callback(
       "--no-pinned-batches", [&o] { o.pinned_batches(false); },
       "on a GPU: copy batches from pageable memory, blocking, instead of from pinned memory");
+  sub.add_flag_callback(
+      "--no-prefetch", [&o] { o.prefetch_batches(false); },
+      "on a GPU: prepare and copy each batch when the step needs it, instead of one ahead on a loader thread and "
+      "a side stream while the step before runs");
   sub.add_flag("--cuda-graphs", o.cuda_graphs(),
                "on a GPU, one worker: each step one CUDA graph replay, nothing waiting for the host; the loss and "
                "accuracy read every --log-every steps (O0/O1; docs/gpu.md)");
@@ -232,7 +236,8 @@ const std::map<std::string, std::string> kTrainRenamedFields = {{"progress", "--
                                                                 {"map_data", "--data-in-memory"},
                                                                 {"cudnn_benchmark", "--no-cudnn-benchmark"},
                                                                 {"fused_optimizer", "--no-fused-optimizer"},
-                                                                {"pinned_batches", "--no-pinned-batches"}};
+                                                                {"pinned_batches", "--no-pinned-batches"},
+                                                                {"prefetch_batches", "--no-prefetch"}};
 
 const bool registered_train = ampp::cli::register_command(
     {"train", "Train a model (Fashion-MNIST by default) with mixed precision and data-parallel workers",

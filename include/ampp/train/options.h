@@ -68,10 +68,14 @@ struct TrainOptions {
   TORCH_ARG(std::string, device) = "cpu";
   // The GPU defaults, each ignored on the CPU (docs/gpu.md): cuDNN's benchmark mode (the fastest
   // convolution algorithms for the run's fixed shapes; never under `deterministic`), ampp::FusedSGD (the
-  // same update as SGD in one kernel), and batches copied from pinned host memory without blocking.
+  // same update as SGD in one kernel), batches copied from pinned host memory without blocking, and
+  // batches prefetched.
   TORCH_ARG(bool, cudnn_benchmark) = true;
   TORCH_ARG(bool, fused_optimizer) = true;
   TORCH_ARG(bool, pinned_batches) = true;
+  // On a GPU, a loader thread prepares the next batch and copies it on a side stream while the current step
+  // runs (ampp::train::BatchPrefetcher, as a DataLoader with one worker). The same batches, bit for bit.
+  TORCH_ARG(bool, prefetch_batches) = true;
   // On a GPU, one worker: each step is one CUDA graph replayed (ampp::CudaGraphStep) instead of hundreds of
   // launches, with GradScaler and ampp::FusedSGD, so that nothing in a step waits for the host; the loss,
   // accuracy, scale and skips are read every log_every steps. Refuses what needs the host every step.

@@ -15,6 +15,7 @@ struct FaultInjection {
   std::set<int64_t> inf_steps;          // this rank's loss is made inf at these steps
   std::optional<int64_t> kill_in_save;  // rank 0 dies halfway through writing its N-th checkpoint (1-based)
   bool uncaptured_graph_step = false;   // TrainOptions::cuda_graphs on the CPU: its step path, run eagerly
+  bool prefetch_on_cpu = false;         // TrainOptions::prefetch_batches's loader thread on the CPU too
 };
 
 using FaultSource = FaultInjection (*)(int rank, int world, bool restarted);

@@ -22,6 +22,7 @@
 #include <ampp/train/memory_report.h>
 #include <ampp/train/models.h>
 #include <ampp/train/op_profile.h>
+#include <ampp/train/prefetcher.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 #include <ampp/train/step_phases.h>
 #include <ampp/train/tensorboard.h>
@@ -631,6 +632,15 @@ BatchIterator epoch_batches(Run& run, int64_t epoch) {
   return batches;
 }
 
+// How the epoch's batches reach the step: on a GPU prepared one ahead by a loader thread (TrainOptions::
+// prefetch_batches) and copied on a side stream, from pinned memory (TrainOptions::pinned_batches). On the
+// CPU a batch is one gather, about 1% of a step, and a loader thread there only competes with the step's
+// threads for the cores (measured slower: docs/gpu.md), so the test faults alone turn it on there.
+PrefetchOptions batch_loading(const Run& run) {
+  const bool loader_thread = run.o.prefetch_batches() && (run.device.is_cuda() || run.faults.prefetch_on_cpu);
+  return PrefetchOptions(run.device).pinned(run.o.pinned_batches()).background(loader_thread);
+}
+
 struct StepResult {
   torch::Tensor logits;
   double loss = 0;
@@ -768,13 +778,6 @@ StepResult train_step(Run& run, const Batch& batch) {
   if (run.ranges && !stepped && run.first_non_finite.is_null()) locate_first_non_finite(run, batch, scaled.scale());
   run.clock.lap(StepPhase::kOptimizer);
   return {logits, loss.item<double>(), stepped, std::move(overflowed)};
-}
-
-// A batch on the run's device. To a GPU from pinned memory (TrainOptions::pinned_batches) without blocking:
-// the host goes on to queue the step's kernels while the copy runs.
-torch::Tensor to_device(const torch::Tensor& t, const Run& run) {
-  if (!run.device.is_cuda() || !run.o.pinned_batches()) return t.to(run.device);
-  return t.pin_memory().to(run.device, /*non_blocking=*/true);
 }
 
 void count_step(Run& run, const StepResult& step, const Batch& batch) {
@@ -944,13 +947,13 @@ void record_operators(Run& run, bool epoch_ended) {
 
 // The epoch's steps, until its end or TrainOptions::steps; checkpoints every checkpoint_every steps
 // and where the step limit stops it mid-epoch.
-void train_batches(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar* bar) {
+void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBar* bar) {
   const auto& o = run.o;
   const int64_t images_per_step = run.per_rank_batch * run.workers.world;
   Throughput meter;
   run.clock.restart();  // between epochs: evaluation and checkpoints are not step time
-  while (auto next = batches.next()) {
-    const Batch batch{to_device(next->data, run), to_device(next->target, run)};
+  while (const auto next = batches.next()) {
+    const Batch& batch = *next;
     record_operators(run, false);
     run.clock.lap(StepPhase::kData);
     set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
@@ -1067,15 +1070,15 @@ void check_graphed_divergence(Run& run, const StepResult& step) {
 
 // train_batches() with the graphed step: the host reads the device only every log_every steps, at the
 // epoch's end, at the step limit and before a checkpoint.
-void train_batches_graphed(Run& run, int64_t epoch, BatchIterator& batches, ProgressBar* bar) {
+void train_batches_graphed(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBar* bar) {
   const auto& o = run.o;
   Throughput meter;
   run.clock.restart();
-  while (auto next = batches.next()) {
-    const torch::Tensor data = to_device(next->data, run), target = to_device(next->target, run);
+  while (const auto next = batches.next()) {
     run.clock.lap(StepPhase::kData);
-    run.graphed->step(data, target, scheduled_lr(o, epoch, steps_taken(run.position)));  // the lr is the epoch's
-    run.clock.lap(StepPhase::kForward);                                                  // the whole step: one graph
+    run.graphed->step(next->data, next->target,
+                      scheduled_lr(o, epoch, steps_taken(run.position)));  // the lr is the epoch's
+    run.clock.lap(StepPhase::kForward);                                    // the whole step: one graph
     ++run.position.global_step;
     if (run.faults.kill_at_step == run.position.global_step) std::raise(SIGKILL);
     dist::report_progress(run.position.global_step);
@@ -1101,18 +1104,23 @@ void train_batches_graphed(Run& run, int64_t epoch, BatchIterator& batches, Prog
 // One epoch; false when TrainOptions::steps stopped it before its end (the checkpoint written
 // there holds the position).
 bool run_epoch(Run& run, int64_t epoch, bool tty) {
-  BatchIterator batches = epoch_batches(run, epoch);
+  BatchIterator indexed = epoch_batches(run, epoch);
   std::optional<ProgressBar> bar;
-  if (run.workers.leader() && run.o.progress()) bar.emplace(epoch, run.o.epochs(), batches.num_batches(), tty);
+  if (run.workers.leader() && run.o.progress()) bar.emplace(epoch, run.o.epochs(), indexed.num_batches(), tty);
   const EpochStart start{Clock::now(), run.position.global_step};
-  if (run.graphed)
-    train_batches_graphed(run, epoch, batches, bar ? &*bar : nullptr);
-  else
-    train_batches(run, epoch, batches, bar ? &*bar : nullptr);
+  bool whole_epoch = false;
+  {
+    BatchPrefetcher batches(indexed, batch_loading(run));  // stopped before the evaluation
+    if (run.graphed)
+      train_batches_graphed(run, epoch, batches, bar ? &*bar : nullptr);
+    else
+      train_batches(run, epoch, batches, bar ? &*bar : nullptr);
+    whole_epoch = batches.position() == batches.num_batches();
+  }
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.last_train_loss = totals.loss_sum / std::max(totals.seen, 1.0);
   run.last_eval = evaluate(run);
-  if (batches.position() != batches.num_batches()) return false;
+  if (!whole_epoch) return false;
   end_epoch(run, epoch, totals, start, bar ? &*bar : nullptr);
   return true;
 }
