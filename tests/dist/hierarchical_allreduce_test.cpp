@@ -3,6 +3,7 @@
 // every rank gets the same bits, the machine-then-leader order of sums, and the source's buffers exactly.
 #include <ampp/dist/hierarchical_allreduce.h>
 
+#include "ampp_test.h"
 #include "dist/ddp_test_util.h"
 
 #include <cstdlib>
@@ -78,6 +79,22 @@ TEST(NewGroup, BadRankListsAndWrappedParentsAreClearErrors) {
     const auto wrapped = wrap_process_group(pg.c10d(), pg.store());
     EXPECT_NE(message(wrapped, {0}).find("wrap_process_group"), std::string::npos);
     EXPECT_EQ(sum_over(new_group(pg, {1, 0}), 1), 2);  // the parent can still make subgroups
+  });
+}
+
+// torch.distributed.new_group(ranks, backend=...): a subgroup with a backend of its own, or an error naming it.
+TEST(NewGroup, ABackendOfItsOwnIsBuiltOrRefusedByName) {
+  on_ranks(2, [&](int, const ProcessGroup& pg) {
+    const auto gloo = new_group(pg, {0, 1}, "gloo");
+    EXPECT_EQ(gloo.backend(), "gloo");
+    EXPECT_EQ(sum_over(gloo, 1), 2);
+    EXPECT_EQ(new_group(pg, {0, 1}).backend(), pg.backend());  // "": the parent's
+    AMPP_EXPECT_THROW_WITH(new_group(pg, {0, 1}, "bogus"), "unknown backend 'bogus'");
+    // Without a GPU (or in a CPU-only LibTorch) NCCL is refused; with one, the GPU suite builds it.
+    if (!torch::cuda::is_available()) {
+      AMPP_EXPECT_THROW_WITH(new_group(pg, {0, 1}, "nccl"), "nccl");
+    }
+    EXPECT_EQ(sum_over(new_group(pg, {1, 0}), 1), 2);  // the failures left the parent able to make subgroups
   });
 }
 

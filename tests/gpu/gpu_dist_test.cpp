@@ -113,6 +113,20 @@ TEST(GpuDist, DdpAtWorldSizeOneTrainsAsPlainTrainingOverNcclAndGloo) {
   }
 }
 
+// `ampp train`'s arrangement with one GPU per worker: the default group Gloo (the host's sums), DDP's
+// gradients through an NCCL subgroup of it (new_group's backend argument).
+TEST(GpuDist, DdpOverAnNcclSubgroupOfAGlooGroupTrainsAsPlainTraining) {
+  AMPP_REQUIRE_GPU();
+  const auto want = plain_training();
+  OneRankGroup group("gloo");
+  const auto nccl = ampp::dist::new_group(group.pg(), {0}, "nccl");
+  EXPECT_EQ(nccl.backend(), "nccl");
+  auto net = small_net(false);
+  ampp::dist::DistributedDataParallel ddp(net, nccl);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  expect_same(train4(net, opt, [&](const torch::Tensor& x) { return ddp->forward(x); }), want, "DDP over NCCL");
+}
+
 TEST(GpuDist, ZeroAndSyncBatchNormAtWorldSizeOneOverNcclTrainAsPlainTraining) {
   AMPP_REQUIRE_GPU();
   const auto want = plain_training();

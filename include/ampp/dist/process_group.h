@@ -63,7 +63,7 @@ class ProcessGroup {
   void barrier() const;
 
  private:
-  friend ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks);
+  friend ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks, const std::string& backend);
   const State& state() const;
   std::shared_ptr<const State> state_;
 };
@@ -77,10 +77,10 @@ struct ProcessGroup::State {
   int local_rank = 0;
   int local_size = 1;
   std::chrono::milliseconds timeout = kDefaultTimeout;
-  // A backend like this group's (same kind, devices, timeout and checks) for `size` ranks meeting in
-  // `store`: how new_group builds subgroups. Empty for wrap_process_group's groups.
-  std::function<c10::intrusive_ptr<c10d::ProcessGroup>(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                       int size)>
+  // A backend of the named kind ("gloo", "nccl") with this group's devices, timeout and checks, for `size`
+  // ranks meeting in `store`: how new_group builds subgroups. Empty for wrap_process_group's groups.
+  std::function<c10::intrusive_ptr<c10d::ProcessGroup>(
+      const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)>
       make_backend;
   mutable std::atomic<int> subgroups_made{0};  // new_group's count, which names each subgroup's keys
 };
@@ -97,8 +97,9 @@ ProcessGroup wrap_process_group(c10::intrusive_ptr<c10d::ProcessGroup> pg, c10::
 // in ascending order of their rank in `parent`, with parent's backend, devices and timeout. A collective
 // over `parent`: every rank of it calls new_group, its new_group calls in the same order (they are numbered
 // to keep their keys in the store apart). A rank not in `ranks` gets an empty ProcessGroup. In the new
-// group local_rank()/local_size() equal rank()/size().
-ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks);
+// group local_rank()/local_size() equal rank()/size(). `backend` ("gloo", "nccl"; "" = the parent's) is
+// new_group's backend argument: e.g. NCCL for the gradients of a job whose default group is Gloo.
+ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks, const std::string& backend = "");
 
 bool is_initialized();
 // The default group; error if init_process_group() has not been called.

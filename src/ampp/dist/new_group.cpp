@@ -23,7 +23,7 @@ void check_subgroup_ranks(const ProcessGroup& parent, const std::vector<int>& so
 
 }  // namespace
 
-ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks) {
+ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks, const std::string& backend) {
   TORCH_CHECK(parent, "ampp::dist::new_group needs an initialised parent group (init_process_group).");
   const auto& p = parent.state();
   TORCH_CHECK(p.make_backend && p.store,
@@ -43,10 +43,11 @@ ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks) {
   state->size = static_cast<int>(ranks.size());
   state->local_rank = state->rank;
   state->local_size = state->size;
-  state->backend = p.backend;
+  state->backend = backend.empty() ? p.backend : backend;
   state->timeout = p.timeout;
   state->make_backend = p.make_backend;
-  state->pg = p.make_backend(c10::make_intrusive<c10d::PrefixStore>("pg", state->store), state->rank, state->size);
+  state->pg = p.make_backend(state->backend, c10::make_intrusive<c10d::PrefixStore>("pg", state->store), state->rank,
+                             state->size);
   return ProcessGroup(std::move(state));
 }
 

@@ -465,22 +465,22 @@ c10::intrusive_ptr<c10d::Store> open_store(const Membership& m, std::chrono::mil
 }
 
 // Builds this rank's backend for any group of the job: the default one and new_group's subgroups.
-using BackendMaker =
-    std::function<c10::intrusive_ptr<c10d::ProcessGroup>(const c10::intrusive_ptr<c10d::Store>&, int rank, int size)>;
+using BackendMaker = std::function<c10::intrusive_ptr<c10d::ProcessGroup>(
+    const std::string& backend, const c10::intrusive_ptr<c10d::Store>&, int rank, int size)>;
 
 BackendMaker backend_maker(const InitOptions& options, const std::string& device_address) {
   std::string interface = options.interface();
   if (interface.empty())
     if (const char* v = getenv_nonempty("GLOO_SOCKET_IFNAME")) interface = v;
   const bool checks = checks_collectives(options);
-  return [options, device_address, interface, checks](const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                      int size) {
+  return [options, device_address, interface, checks](
+             const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
     try {
-      return make_backend(options.backend(), store, rank, size, options.timeout(), device_address, interface, checks);
+      return make_backend(backend, store, rank, size, options.timeout(), device_address, interface, checks);
     } catch (const c10::Error&) {
       throw;
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " could not connect the ", options.backend(),
+      TORCH_CHECK(false, "ampp::dist::init_process_group: rank ", rank, " could not connect the ", backend,
                   " backend to its peers within ", seconds(options.timeout()), " (address ",
                   device_address.empty() ? std::string("default") : device_address,
                   "). Check that every rank can reach the others (firewall, GLOO_SOCKET_IFNAME). Gloo said: ",
@@ -533,8 +533,8 @@ ProcessGroup init_process_group(const InitOptions& options) {
   auto store = open_store(m, options.timeout(), device_address);
   check_membership(*store, static_cast<int>(m.rank), static_cast<int>(m.world), options.timeout());
   auto make = backend_maker(options, device_address);
-  auto pg = make(c10::make_intrusive<c10d::PrefixStore>("ampp/pg/default", store), static_cast<int>(m.rank),
-                 static_cast<int>(m.world));
+  auto pg = make(options.backend(), c10::make_intrusive<c10d::PrefixStore>("ampp/pg/default", store),
+                 static_cast<int>(m.rank), static_cast<int>(m.world));
 
   auto state = std::make_shared<ProcessGroup::State>();
   state->pg = pg;

@@ -55,6 +55,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <optional>
 
 namespace fs = std::filesystem;
@@ -1244,17 +1245,46 @@ void write_outputs(Run& run, const Summary& summary, bool write_model = true) {
         fmt::format("tensorboard: {} (view: tensorboard --logdir {})", run.tensorboard->path(), run.o.tensorboard()));
 }
 
+// Whether every worker has a GPU of its own (NCCL refuses two ranks on one device): all workers agree.
+bool every_worker_has_its_own_gpu(const Run& run) {
+  const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+  const bool own = !device_of(run.o).has_index() && run.workers.pg.local_size() <= gpus;
+  auto count = torch::tensor({own ? 1.0 : 0.0}, torch::kFloat64);
+  allreduce_sum(run.workers.pg, count);
+  return count.item<double>() == run.workers.world;
+}
+
+// DDP on GPUs: with one GPU per worker, each bucket's allreduce runs through NCCL on NCCL's stream while
+// the backward goes on (torch.distributed's choice for CUDA tensors), over a subgroup of all the workers
+// whose backend is NCCL; the run's own group stays Gloo for the host's sums. Workers that share a GPU, and
+// --gloo-allreduce, reduce the CUDA gradients through Gloo (ampp's shared memory reads host memory).
+dist::ProcessGroup gpu_gradient_group(Run& run) {
+  const bool nccl =
+      run.o.shared_memory_allreduce() && dist::is_backend_available("nccl") && every_worker_has_its_own_gpu(run);
+  if (!nccl) {
+    run.communication = fmt::format(
+        "DDP: {} workers reduce CUDA gradients through Gloo ({})", run.workers.world,
+        run.o.shared_memory_allreduce() ? "they share GPUs; NCCL needs one per worker" : "--gloo-allreduce");
+    return run.workers.pg;
+  }
+  std::vector<int> everyone(static_cast<size_t>(run.workers.world));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  run.communication =
+      fmt::format("DDP: {} workers, one GPU each, reduce CUDA gradients through NCCL", run.workers.world);
+  return dist::new_group(run.workers.pg, everyone, "nccl");
+}
+
 // DDP over the workers; the workers of each machine reduce through shared memory, and only one per machine
 // talks to the other machines.
 void start_ddp(Run& run) {
   // Each .grad a slot of its bucket: the reduced bucket is the gradient, with no copy back into a separate
   // .grad per parameter (10 of the CNN's 73 copies per step, 0.7 of 2.3 ms in the operator profile).
-  run.ddp.emplace(run.model, run.workers.pg, dist::DistributedDataParallelOptions().gradient_as_bucket_view(true));
-  if (run.device.is_cuda()) {  // the shared-memory reduction reads host memory; Gloo serves CUDA tensors
-    run.communication =
-        fmt::format("DDP: {} workers reduce CUDA gradients through Gloo (NCCL: not wired in yet)", run.workers.world);
+  const auto options = dist::DistributedDataParallelOptions().gradient_as_bucket_view(true);
+  if (run.device.is_cuda()) {
+    run.ddp.emplace(run.model, gpu_gradient_group(run), options);
     return;
   }
+  run.ddp.emplace(run.model, run.workers.pg, options);
   if (!run.o.shared_memory_allreduce()) {
     run.communication = fmt::format("DDP: {} workers reduce through Gloo (--gloo-allreduce)", run.workers.world);
     return;
