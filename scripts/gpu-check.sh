@@ -106,6 +106,8 @@ train() {
       train_once "$out" "$build" "$python" "--device $device $precision" || failed=1
     done
   done
+  # The batches prepared on the step's thread and stream, against the loader thread above (bf16, eager).
+  train_once "$out" "$build" "$python" "--device cuda --opt-level O1 --dtype bf16 --no-prefetch" || failed=1
   # Two workers sharing the GPU: DDP over Gloo on CUDA tensors, one GPU per local rank modulo the GPUs.
   train_once "$out" "$build" "$python" "--device cuda --nproc 2 --opt-level O1 --dtype bf16" || failed=1
   # `ampp bench` on the GPU: the opt levels against O0, and the fused unscale against a copy.
