@@ -96,3 +96,21 @@ TEST(CudaGraphsCli, WhatCannotBeCapturedIsRefusedByName) {
 }
 
 }  // namespace
+
+// The divergence stop reads the device only every --log-every steps, yet stops as the eager trainer does,
+// naming the same steps: 3 skips in a row (--max-consecutive-skips 3) followed by finite steps before the
+// read, and 4 skips in the last 6 steps with at most 2 in a row.
+TEST(CudaGraphsCli, StopsOnTheEagerTrainersSkipRulesBetweenReads) {
+  ampp_test::TempDir tmp;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"4:0,5:0,6:0", "steps 4 to 6 (3 in a row"}, {"2:0,4:0,6:0,7:0", "4 of the last 6 steps (to step 7)"}};
+  for (const auto& [infs, rule] : cases) {
+    for (const std::string graphed : {"", "--cuda-graphs"}) {
+      const auto r = ampp_test::run_shell(
+          "AMPP_TRAIN_TEST_INF_AT=" + infs + " " + kUncaptured + AMPP_FAULTS_CLI + " " +
+          run_line(tmp.path() / (graphed + infs), "--opt-level O1 --dtype fp16 --max-consecutive-skips 3 " + graphed));
+      EXPECT_NE(r.code, 0) << r.output;
+      EXPECT_NE(r.output.find("the run diverged: " + rule), std::string::npos) << graphed << "\n" << r.output;
+    }
+  }
+}

@@ -176,6 +176,10 @@ class GradScaler {
 
   /// The live scale tensor (float32, 0-dim), undefined before the first scale() when enabled.
   const torch::Tensor& scale_tensor() const { return scale_; }
+  /// The fused path's inf/NaN flag of the last step, where the scale is (float32, 0-dim, non-zero = the
+  /// step was skipped), updated in place by every fused step without a host read (so a captured CUDA
+  /// graph's step updates it too); undefined before the first fused step.
+  const torch::Tensor& found_inf_on_device() const { return on_device_.last_found_inf; }
 
  private:
   struct PerOptimizerState {

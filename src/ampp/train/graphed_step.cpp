@@ -6,8 +6,12 @@
 namespace ampp::train::detail {
 
 GraphedTrainStep::GraphedTrainStep(ForwardLoss forward_loss, torch::optim::Optimizer& optimizer,
-                                   const GradScalerOptions& scaler, bool capture)
-    : forward_loss_(std::move(forward_loss)), optimizer_(optimizer), scaler_(scaler), capture_(capture) {}
+                                   const GradScalerOptions& scaler, int64_t max_consecutive_skips, bool capture)
+    : forward_loss_(std::move(forward_loss)),
+      optimizer_(optimizer),
+      scaler_(scaler),
+      watch_(max_consecutive_skips),
+      capture_(capture) {}
 
 // The step itself: what a graph captures. Nothing in it reads a device value on the host.
 torch::Tensor GraphedTrainStep::run_step(const torch::Tensor& data, const torch::Tensor& target) {
@@ -16,6 +20,7 @@ torch::Tensor GraphedTrainStep::run_step(const torch::Tensor& data, const torch:
   scaler_.scale(to_backward).backward();
   scaler_.step(optimizer_);  // a fused optimizer takes the scale and the inf flag: the skip stays on the device
   scaler_.update();
+  watch_.after_step(skip_flag());
   torch::NoGradGuard no_grad;
   if (!loss_sum_.defined()) {  // made by the first (eager) step, before any capture
     loss_sum_ = torch::zeros({}, loss.options().dtype(torch::kDouble));
@@ -29,6 +34,15 @@ torch::Tensor GraphedTrainStep::run_step(const torch::Tensor& data, const torch:
   return loss.detach();
 }
 
+// This step's inf/NaN flag on the device: the fused step's. Uncaptured on the CPU the optimizer is
+// torch::optim::SGD (FusedSGD is a GPU default), and GradScaler's host path tells (a host read, which
+// only a capture forbids).
+torch::Tensor GraphedTrainStep::skip_flag() const {
+  const torch::Tensor& fused = scaler_.found_inf_on_device();
+  if (fused.defined() || capture_) return fused;
+  return torch::tensor(scaler_.found_inf_last_step() ? 1.0F : 0.0F);
+}
+
 bool GraphedTrainStep::fits_graph(const torch::Tensor& data, const torch::Tensor& target) const {
   const auto& inputs = graph_->static_inputs();
   return data.sizes() == inputs[0].sizes() && target.sizes() == inputs[1].sizes() &&
@@ -38,6 +52,7 @@ bool GraphedTrainStep::fits_graph(const torch::Tensor& data, const torch::Tensor
 void GraphedTrainStep::step(const torch::Tensor& data, const torch::Tensor& target, double lr) {
   for (auto& group : optimizer_.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
   seen_ += static_cast<double>(target.numel());
+  ++steps_;
   if (!capture_) {
     last_loss_ = run_step(data, target);
     return;
@@ -64,6 +79,8 @@ GraphedTrainStep::Readout GraphedTrainStep::read() {
   r.loss_scale = scaler_.get_scale();
   r.skipped_total = scaler_.skipped_steps();
   r.consecutive_overflows = scaler_.consecutive_overflows();
+  r.steps = steps_;
+  r.first_break = watch_.first_break();
   loss_sum_.zero_();
   correct_.zero_();
   seen_ = 0;

@@ -11,10 +11,13 @@
 #include <ampp/scaling/cuda_graph_step.h>
 #include <ampp/scaling/grad_scaler.h>
 
+#include "skip_watch.h"
+
 #include <torch/optim/optimizer.h>
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -36,12 +39,15 @@ class GraphedTrainStep {
     double seen = 0;
     double last_loss = 0;
     double loss_scale = 1;
-    int64_t skipped_total = 0;          // steps skipped for inf/NaN gradients since the start
-    int64_t consecutive_overflows = 0;  // of the last steps, in a row (0: the last one stepped)
+    int64_t skipped_total = 0;                    // steps skipped for inf/NaN gradients since the start
+    int64_t consecutive_overflows = 0;            // of the last steps, in a row (0: the last one stepped)
+    int64_t steps = 0;                            // taken since the start
+    std::optional<SkipWatch::Break> first_break;  // the first step that broke a divergence rule
   };
 
+  // `max_consecutive_skips`: TrainOptions'; its rules are watched on the device (SkipWatch).
   GraphedTrainStep(ForwardLoss forward_loss, torch::optim::Optimizer& optimizer, const GradScalerOptions& scaler,
-                   bool capture);
+                   int64_t max_consecutive_skips, bool capture);
 
   // One training step on a batch already on the model's device, at learning rate `lr`.
   void step(const torch::Tensor& data, const torch::Tensor& target, double lr);
@@ -54,11 +60,14 @@ class GraphedTrainStep {
  private:
   torch::Tensor run_step(const torch::Tensor& data, const torch::Tensor& target);
   bool fits_graph(const torch::Tensor& data, const torch::Tensor& target) const;
+  torch::Tensor skip_flag() const;
 
   ForwardLoss forward_loss_;
   torch::optim::Optimizer& optimizer_;
   GradScaler scaler_;
+  SkipWatch watch_;
   bool capture_;
+  int64_t steps_ = 0;
   std::unique_ptr<CudaGraphStep> graph_;
   double graph_lr_ = 0;               // the lr the graph was built with
   torch::Tensor loss_sum_, correct_;  // on the device, float64 and int64, added to in place by every step

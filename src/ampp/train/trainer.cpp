@@ -874,7 +874,23 @@ void write_doctor_outputs(const Run& run) {
 // Divergence by skipped steps (TrainOptions::max_consecutive_skips = L, 0: never): L in a row, or more
 // than L of the last 2L, so that one finite step now and then does not hide a run that is skipping
 // most of its steps. Shorter runs are caught by their non-finite weights or final loss
-// (check_finite_weights, check_final_loss).
+// (check_finite_weights, check_final_loss). The rule a step `last` broke with `in_a_row` skips in a row and
+// `recent_skipped` of the last `recent_steps`, said; "" when it broke none.
+std::string broken_skip_rule(int64_t limit, int64_t in_a_row, int64_t recent_skipped, int64_t recent_steps,
+                             int64_t last) {
+  if (limit > 0 && in_a_row >= limit)
+    return fmt::format(
+        "steps {} to {} ({} in a row, TrainOptions::max_consecutive_skips) had inf/NaN "
+        "gradients and were skipped (no step was taken on them)",
+        last - in_a_row + 1, last, in_a_row);
+  if (limit > 0 && recent_skipped > limit)
+    return fmt::format(
+        "{} of the last {} steps (to step {}) had inf/NaN gradients and were skipped, more "
+        "than TrainOptions::max_consecutive_skips ({}) in twice that many steps",
+        recent_skipped, recent_steps, last, limit);
+  return "";
+}
+
 void check_divergence(Run& run, const StepResult& step) {
   if (std::isfinite(step.loss)) {
     run.last_finite_loss = step.loss;
@@ -890,15 +906,9 @@ void check_divergence(Run& run, const StepResult& step) {
     run.recent_skipped -= run.recent_skips.front();
     run.recent_skips.pop_front();
   }
-  const int64_t last = run.position.global_step;
-  if (run.skips_in_a_row >= limit)
-    stop_diverged(run, fmt::format("steps {} to {} ({} in a row, TrainOptions::max_consecutive_skips) had inf/NaN "
-                                   "gradients and were skipped (no step was taken on them)",
-                                   last - run.skips_in_a_row + 1, last, run.skips_in_a_row));
-  if (run.recent_skipped > limit)
-    stop_diverged(run, fmt::format("{} of the last {} steps (to step {}) had inf/NaN gradients and were skipped, more "
-                                   "than TrainOptions::max_consecutive_skips ({}) in twice that many steps",
-                                   run.recent_skipped, run.recent_skips.size(), last, limit));
+  const std::string broken = broken_skip_rule(limit, run.skips_in_a_row, run.recent_skipped,
+                                              static_cast<int64_t>(run.recent_skips.size()), run.position.global_step);
+  if (!broken.empty()) stop_diverged(run, broken);
 }
 
 // `ampp doctor` (doctor on, no divergence stop): a diagnosis runs every step and reports instead of
@@ -1035,7 +1045,8 @@ std::unique_ptr<detail::GraphedTrainStep> make_graphed_step(Run& run) {
     return detail::GraphedTrainStep::Outputs{logits, loss, maybe_inject_inf(run, loss)};
   };
   const bool capture = !run.faults.uncaptured_graph_step;
-  auto graphed = std::make_unique<detail::GraphedTrainStep>(forward, run.optimizer, scaler, capture);
+  auto graphed = std::make_unique<detail::GraphedTrainStep>(forward, run.optimizer, scaler,
+                                                            run.o.max_consecutive_skips(), capture);
   // A resumed run's scale and growth tracker, which the checkpoint put in Amp's scaler.
   if (run.amp.checks_overflow()) graphed->scaler().load_state_dict(run.amp.scaler().state_dict());
   run.graphed_read.loss_scale = graphed->scaler().get_scale();
@@ -1057,16 +1068,17 @@ StepResult read_graphed(Run& run) {
   return step;
 }
 
-// Divergence as check_divergence() sees it, from what a read tells: the skips in a row up to the last step.
+// Divergence as check_divergence() sees it: the device watched the rules step by step (SkipWatch), and a
+// read tells the first step that broke one, also where a finite step followed before the read.
 void check_graphed_divergence(Run& run, const StepResult& step) {
   if (std::isfinite(step.loss)) run.last_finite_loss = step.loss, run.last_finite_loss_step = run.position.global_step;
   run.skips_in_a_row = run.graphed_read.consecutive_overflows;
+  const auto& broke = run.graphed_read.first_break;
+  if (!broke) return;
   const int64_t limit = run.o.max_consecutive_skips();
-  if (limit > 0 && run.skips_in_a_row >= limit)
-    stop_diverged(run, fmt::format("steps {} to {} ({} in a row, TrainOptions::max_consecutive_skips) had inf/NaN "
-                                   "gradients and were skipped (no step was taken on them)",
-                                   run.position.global_step - run.skips_in_a_row + 1, run.position.global_step,
-                                   run.skips_in_a_row));
+  const int64_t step_of_break = run.position.global_step - (run.graphed_read.steps - broke->step);
+  stop_diverged(run, broken_skip_rule(limit, broke->in_a_row, broke->recent_skips, std::min(broke->step, 2 * limit),
+                                      step_of_break));
 }
 
 // train_batches() with the graphed step: the host reads the device only every log_every steps, at the
