@@ -30,7 +30,7 @@ torch::Tensor GraphedTrainStep::run_step(const torch::Tensor& data, const torch:
   // trainer adds these partial sums to its own; float values in double add exactly (a few dozen bits of
   // 53), so the grouping does not change the epoch's sum.
   loss_sum_.add_(loss.detach().to(torch::kDouble) * static_cast<double>(target.numel()));
-  correct_.add_(logits.detach().argmax(-1).eq(target).sum());
+  correct_.add_(correct_prediction_count(logits.detach(), target));
   return loss.detach();
 }
 

@@ -23,6 +23,12 @@
 
 namespace ampp::train::detail {
 
+// Of a batch's predictions (argmax over the last dimension), those equal to `target`: 0-dim int64, where
+// the logits are (the graphed step sums it there; the eager trainer reads it every step).
+inline torch::Tensor correct_prediction_count(const torch::Tensor& logits, const torch::Tensor& target) {
+  return logits.argmax(-1).eq(target).sum();
+}
+
 class GraphedTrainStep {
  public:
   // A batch's forward under the run's autocast: the logits, the loss, and the loss to backward (the same

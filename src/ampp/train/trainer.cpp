@@ -238,7 +238,7 @@ torch::Tensor classification_loss(
 }
 
 double correct_predictions(const torch::Tensor& logits, const torch::Tensor& target) {
-  return logits.argmax(-1).eq(target).sum().item<double>();
+  return detail::correct_prediction_count(logits, target).item<double>();
 }
 
 struct Evaluation {
@@ -941,6 +941,14 @@ bool check_final_loss(Run& run) {
 }
 
 // Under TrainOptions::profile, rank 0 records the operators of steps kOpWindowFirst+1 to
+// Whether the step just taken ends with a checkpoint before its epoch's end (which end_epoch() writes):
+// every checkpoint_every steps, and where the step limit stops the run.
+bool saves_mid_epoch(const Run& run, bool epoch_end, bool stop) {
+  const int64_t every = run.o.checkpoint_every();
+  const bool periodic = every > 0 && run.position.global_step % every == 0;
+  return !run.checkpoint.empty() && !epoch_end && (stop || periodic);
+}
+
 // kOpWindowFirst+kOpWindowSteps (after the first steps' one-off costs: oneDNN primitive creation, first
 // page faults), or up to the end of that epoch (no evaluation in the window). Only a window: the
 // profiler costs microseconds per operator.
@@ -980,8 +988,7 @@ void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBa
       bar->update(batches.position(), meter.images_per_sec, step.loss, run.loss_scale(), run.position.skipped_total);
     check_divergence(run, step);
     const bool stop = reached_step_limit(run);
-    const bool periodic = o.checkpoint_every() > 0 && run.position.global_step % o.checkpoint_every() == 0;
-    if (!run.checkpoint.empty() && !epoch_end && (stop || periodic)) save(run, epoch, batches.position());
+    if (saves_mid_epoch(run, epoch_end, stop)) save(run, epoch, batches.position());
     ++run.phases.steps;
     run.clock.lap(StepPhase::kBookkeeping);
     if (stop) break;
@@ -1097,8 +1104,7 @@ void train_batches_graphed(Run& run, int64_t epoch, BatchPrefetcher& batches, Pr
     dist::report_progress(run.position.global_step);
     ++meter.steps;
     const bool epoch_end = batches.position() == batches.num_batches(), stop = reached_step_limit(run);
-    const bool periodic = o.checkpoint_every() > 0 && run.position.global_step % o.checkpoint_every() == 0;
-    const bool saves = !run.checkpoint.empty() && !epoch_end && (stop || periodic);
+    const bool saves = saves_mid_epoch(run, epoch_end, stop);
     if (run.position.global_step % o.log_every() == 0 || epoch_end || stop || saves) {
       const StepResult step = read_graphed(run);
       meter.update(true, run.per_rank_batch);
