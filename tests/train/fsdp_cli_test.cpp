@@ -68,12 +68,9 @@ TEST(FsdpCli, ItsCheckpointsAreDdpsAndResumeUnderEither) {
   fs::copy_file(tmp.path() / "fsdp-then-fsdp" / "ckpt" / "checkpoint.pt", start);
   run("fsdp-then-fsdp", "--steps 8 --fsdp --resume");
   expect_same_model(model("ddp"), model("fsdp-then-fsdp"));
-  run("fsdp-then-ddp", "--steps 4 --fsdp");  // rank 0's file must hold rank 1's rows too
-  run("fsdp-then-ddp", "--steps 8 --resume");
-  expect_same_model(model("ddp"), model("fsdp-then-ddp"));
-  run("ddp-then-fsdp", "--steps 4");
-  run("ddp-then-fsdp", "--steps 8 --fsdp --resume");
-  expect_same_model(model("ddp"), model("ddp-then-fsdp"));
+  // rank 0's file must hold rank 1's rows too
+  ampp_test::expect_resumes_as(run, tmp.path(), "ddp", "fsdp-then-ddp", "--steps 4 --fsdp", "--steps 8 --resume");
+  ampp_test::expect_resumes_as(run, tmp.path(), "ddp", "ddp-then-fsdp", "--steps 4", "--steps 8 --fsdp --resume");
   run("pt-then-fsdp", "--steps 8 --fsdp --resume-from " + start.string());
   expect_same_model(model("ddp"), model("pt-then-fsdp"));
 }

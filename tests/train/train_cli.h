@@ -104,6 +104,16 @@ inline void check_resume_is_exact(
   expect_same_model(straight.path() / "out" / "model.pt", split.path() / "out" / "model.pt");
 }
 
+// A run in `root / dir` started with `first` and resumed with `then` ends with the model.pt of the run in
+// `root / reference`, bit for bit. `run(dir, flags)` trains in a folder of `root`.
+inline void expect_resumes_as(const std::function<void(const std::string& dir, const std::string& flags)>& run,
+                              const fs::path& root, const std::string& reference, const std::string& dir,
+                              const std::string& first, const std::string& then) {
+  run(dir, first);
+  run(dir, then);
+  expect_same_model(root / reference / "out" / "model.pt", root / dir / "out" / "model.pt");
+}
+
 // Each `ampp train --quiet <flags>` fails, and its output holds the expected message.
 inline void expect_train_errors(const std::vector<std::pair<std::string, std::string>>& flags_and_messages) {
   for (const auto& [flags, message] : flags_and_messages) {
