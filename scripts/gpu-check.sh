@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # ampp on a machine with an NVIDIA GPU and no apt or network, in one command there (docs/gpu.md).
 #
-#   scripts/gpu-check.sh prepare    here (Debian, apt): gpu-kit/ holds what the GPU machine lacks, from
-#                                   Debian's packages: Gloo's headers (the torch wheels ship none),
-#                                   GoogleTest, fmt's and nlohmann-json's CMake packages. A few MB; it
-#                                   travels with the working tree (the device tool: carry ["gpu-kit"]).
+#   scripts/gpu-check.sh prepare    here (Debian, apt): gpu-kit/ holds what the GPU machine lacks or may
+#                                   lack, from Debian's packages: Gloo's headers (the torch wheels ship
+#                                   none), GoogleTest, fmt's and nlohmann-json's CMake packages, zlib,
+#                                   protobuf (protoc and the lite runtime) and the boost headers that
+#                                   boost/crc.hpp needs. About 15 MB; it travels with the working tree
+#                                   (the device tool: carry ["gpu-kit"]).
 #   scripts/gpu-check.sh run OUT    there: builds ampp's library (util to dist: AMPP_BUILD_TRAIN=OFF, no
 #                                   protobuf or boost needed) and the GPU suite against the torch of that
 #                                   machine's python3 (or AMPP_PYTHON), runs the suite (each test against
@@ -22,17 +24,38 @@ kit=$root/gpu-kit
 prepare() {
   rm -rf "$kit"
   mkdir -p "$kit/debs"
-  (cd "$kit/debs" && apt-get download -q libgloo-dev libgtest-dev libgmock-dev libfmt-dev libfmt9 nlohmann-json3-dev)
+  # zlib (util), protobuf (train's TensorBoard events) and boost/crc.hpp (train) were never seen on that
+  # machine (../shared/notes/cuda-build.md): brought along, so that the train and bench steps build there.
+  (cd "$kit/debs" && apt-get download -q libgloo-dev libgtest-dev libgmock-dev libfmt-dev libfmt9 nlohmann-json3-dev \
+    zlib1g-dev zlib1g protobuf-compiler libprotoc32 libprotobuf32 libprotobuf-lite32 libprotobuf-dev)
   for deb in "$kit"/debs/*.deb; do dpkg -x "$deb" "$kit"; done
-  rm -rf "$kit/debs" "$kit/usr/share/doc" "$kit/usr/share/lintian" "$kit/usr/src"
+  rm -rf "$kit/debs" "$kit/usr/share/doc" "$kit/usr/share/lintian" "$kit/usr/share/man" "$kit/usr/src"
+  # protobuf's and zlib's shared libraries only: their static ones are most of the bytes (GoogleTest has
+  # only static ones, which the GPU suite links).
+  rm -f "$kit"/usr/lib/x86_64-linux-gnu/{libprotobuf,libprotobuf-lite,libprotoc,libz}.a
+  # zlib1g puts libz.so.1 in /lib: beside its libz.so symlink, where the linker and the rpath find it.
+  mv "$kit"/lib/x86_64-linux-gnu/libz.so.* "$kit/usr/lib/x86_64-linux-gnu/" && rm -rf "$kit/lib"
   # Debian's libgloo-dev would also bring its libgloo.so: never link it next to a wheel's (linked-in) Gloo.
   rm -rf "$kit/usr/lib/libgloo.so"* "$kit/usr/share/cmake/Gloo"
+  # The boost headers that boost/crc.hpp includes (a few hundred KB of the hundreds of MB of boost).
+  echo '#include <boost/crc.hpp>' | g++ -M -x c++ - | tr ' \\' '\n\n' | grep '^/usr/include/boost/' | sort -u |
+    while read -r header; do mkdir -p "$kit$(dirname "$header")" && cp "$header" "$kit$header"; done
+  # protoc with the kit's libprotoc and libprotobuf, for the build only (the kit's libraries are never put
+  # on LD_LIBRARY_PATH: its zlib would replace the system's in Python). ampp's binaries find theirs by rpath.
+  cat > "$kit/usr/bin/protoc-kit" <<'SH'
+#!/bin/sh
+here=$(cd "$(dirname "$0")" && pwd)
+LD_LIBRARY_PATH="$here/../lib/x86_64-linux-gnu" exec "$here/protoc" "$@"
+SH
+  chmod +x "$kit/usr/bin/protoc-kit"
+  "$kit/usr/bin/protoc-kit" --version > /dev/null
   echo "gpu-check: $kit: $(du -sh "$kit" | cut -f1) ($(find "$kit" -type f | wc -l) files)"
 }
 
 run() {
   local out=${1:?usage: scripts/gpu-check.sh run OUT}
-  [ -d "$kit/usr/include/gloo" ] || { echo "gpu-check: $kit is missing: run 'scripts/gpu-check.sh prepare' first" >&2; exit 1; }
+  [ -d "$kit/usr/include/gloo" ] && [ -x "$kit/usr/bin/protoc-kit" ] ||
+    { echo "gpu-check: $kit is missing or old: run 'scripts/gpu-check.sh prepare' first" >&2; exit 1; }
   mkdir -p "$out"
   local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu} start=$SECONDS
   nvidia-smi >> "$out/summary.txt" 2>&1 || echo "gpu-check: nvidia-smi failed (no GPU?)" | tee -a "$out/summary.txt"
@@ -76,7 +99,7 @@ build_full() {
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${arch:-9.0}}
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMPP_TORCH=wheel -DAMPP_PYTHON="$python" \
-    -DCMAKE_PREFIX_PATH="$kit/usr" -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF \
+    -DCMAKE_PREFIX_PATH="$kit/usr" -DProtobuf_PROTOC_EXECUTABLE="$kit/usr/bin/protoc-kit" -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF \
     -DAMPP_BUILD_GPU_BENCH=ON >> "$log" 2>&1 || { tail -30 "$log"; exit 1; }
   cmake --build "$build" -j "$(nproc)" --target "$target" >> "$log" 2>&1 || { tail -40 "$log"; exit 1; }
   echo "gpu-check: $target configured and built in $((SECONDS - start)) s" | tee -a "$out/$6"
