@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-check.sh prepare    here (Debian, apt): gpu-kit/ holds what the GPU machine lacks or may
 #                                   lack, from Debian's packages: Gloo's headers (the torch wheels ship
-#                                   none), GoogleTest, fmt's and nlohmann-json's CMake packages, zlib,
+#                                   none), GoogleTest, CLI11, fmt's and nlohmann-json's CMake packages, zlib,
 #                                   protobuf (protoc and the lite runtime) and the boost headers that
 #                                   boost/crc.hpp needs. About 15 MB; it travels with the working tree
 #                                   (the device tool: carry ["gpu-kit"]).
@@ -27,7 +27,7 @@ prepare() {
   # zlib (util), protobuf (train's TensorBoard events) and boost/crc.hpp (train) were never seen on that
   # machine (../shared/notes/cuda-build.md): brought along, so that the train and bench steps build there.
   (cd "$kit/debs" && apt-get download -q libgloo-dev libgtest-dev libgmock-dev libfmt-dev libfmt9 nlohmann-json3-dev \
-    zlib1g-dev zlib1g protobuf-compiler libprotoc32 libprotobuf32 libprotobuf-lite32 libprotobuf-dev)
+    zlib1g-dev zlib1g protobuf-compiler libprotoc32 libprotobuf32 libprotobuf-lite32 libprotobuf-dev libcli11-dev)
   for deb in "$kit"/debs/*.deb; do dpkg -x "$deb" "$kit"; done
   rm -rf "$kit/debs" "$kit/usr/share/doc" "$kit/usr/share/lintian" "$kit/usr/share/man" "$kit/usr/src"
   # protobuf's and zlib's shared libraries only: their static ones are most of the bytes (GoogleTest has
@@ -87,8 +87,8 @@ run() {
   return $code
 }
 
-# `ampp train --device cuda` there: the whole library and the CLI (that machine has protobuf, boost and
-# CLI11), then short synthetic-data runs per precision, each beside the same run on the CPU's cores.
+# `ampp train --device cuda` there: the whole library and the CLI (with the kit's zlib, protobuf, boost
+# headers and CLI11), then short synthetic-data runs per precision, each beside the same run on the CPU's cores.
 # Never run on a GPU yet (docs/gpu.md): a first run may well stop in the build; its log says where.
 # The whole library, Release, for the GPU's architecture (train and bench share it): builds target $4 in
 # folder $1 with $5's torch, logs to OUT ($2) / $3, and says how long it took in OUT / $6.
