@@ -24,7 +24,6 @@ class SkipWatch {
   void after_step(const torch::Tensor& found_inf);
   // The first break since the start, if any (a host read).
   std::optional<Break> first_break() const;
-  int64_t limit() const { return limit_; }
 
  private:
   int64_t limit_;              // 0: never stop, nothing watched

@@ -940,7 +940,6 @@ bool check_final_loss(Run& run) {
       run, fmt::format("after step {} the test loss is not finite ({})", run.position.global_step, run.last_eval.loss));
 }
 
-// Under TrainOptions::profile, rank 0 records the operators of steps kOpWindowFirst+1 to
 // Whether the step just taken ends with a checkpoint before its epoch's end (which end_epoch() writes):
 // every checkpoint_every steps, and where the step limit stops the run.
 bool saves_mid_epoch(const Run& run, bool epoch_end, bool stop) {
@@ -949,6 +948,7 @@ bool saves_mid_epoch(const Run& run, bool epoch_end, bool stop) {
   return !run.checkpoint.empty() && !epoch_end && (stop || periodic);
 }
 
+// Under TrainOptions::profile, rank 0 records the operators of steps kOpWindowFirst+1 to
 // kOpWindowFirst+kOpWindowSteps (after the first steps' one-off costs: oneDNN primitive creation, first
 // page faults), or up to the end of that epoch (no evaluation in the window). Only a window: the
 // profiler costs microseconds per operator.
