@@ -635,8 +635,8 @@ BatchIterator epoch_batches(Run& run, int64_t epoch) {
 
 // How the epoch's batches reach the step: on a GPU prepared one ahead by a loader thread (TrainOptions::
 // prefetch_batches) and copied on a side stream, from pinned memory (TrainOptions::pinned_batches). On the
-// CPU a batch is one gather, about 1% of a step, and a loader thread there only competes with the step's
-// threads for the cores (measured slower: docs/gpu.md), so the test faults alone turn it on there.
+// CPU a batch is one gather, about 1% of a step (docs/gpu.md), and a loader thread there would compete with
+// the step's threads for the cores, so the test faults alone turn it on there.
 PrefetchOptions batch_loading(const Run& run) {
   const bool loader_thread = run.o.prefetch_batches() && (run.device.is_cuda() || run.faults.prefetch_on_cpu);
   return PrefetchOptions(run.device).pinned(run.o.pinned_batches()).background(loader_thread);
