@@ -12,10 +12,12 @@
 #                                   machine's python3 (or AMPP_PYTHON), runs the suite (each test against
 #                                   Python torch on the same GPU), one process per test, and writes to OUT:
 #                                   summary.txt (nvidia-smi, results), build.log, gpu_tests.log, fp16_emulation.md.
-#   scripts/gpu-check.sh train OUT  there: `ampp train --device cuda` (below): train-build.log, train-runs.log.
-#   scripts/gpu-check.sh all OUT    both, in one call: 6 files, inside the device tool's 8.
-#   scripts/gpu-check.sh bench OUT  there, in a call of its own: the GPU benchmark against Python torch
-#                                   (bench/gpu/compare.py): gpu_bench.md, gpu_bench.log, bench-build.log.
+#   scripts/gpu-check.sh bench OUT  there: the GPU benchmark against Python torch (bench/gpu/compare.py):
+#                                   gpu_bench.md, gpu_bench.log. Its results stay in the build folder, and a
+#                                   second call on the same warm machine runs only the cases not run yet.
+#   scripts/gpu-check.sh train OUT  there: `ampp train --device cuda` (below): train-runs.log.
+#   scripts/gpu-check.sh all OUT    the three, most important first, in one call of the device tool that ends
+#                                   within AMPP_GPU_CHECK_S (default 540 s): 7 files, inside the tool's 8.
 # Took 111 s on a 16-core H100 machine (80 s to configure and build); docs/gpu.md has its results.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -71,12 +73,15 @@ run() {
     -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
   cmake --build "$build" -j "$(nproc)" --target ampp_gpu_tests >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
   echo "gpu-check: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
-  # One process per test: a crash (its backtrace printed by the suite) costs that test, not the rest.
-  local suite=$build/tests/gpu/ampp_gpu_tests code=0 status test
+  # One process per test: a crash (its backtrace printed by the suite) costs that test, not the rest, and
+  # a hang at most 120 s (or what is left of the call).
+  local suite=$build/tests/gpu/ampp_gpu_tests code=0 status test limit
   for test in $("$suite" --gtest_list_tests | awk '/^[^ ]/ {s = $1} /^  / {print s $1}'); do
-    status=0
-    AMPP_GPU_REPORT_DIR="$out" "$suite" --gtest_filter="$test" >> "$out/gpu_tests.log" 2>&1 || status=$?
-    if [ "$status" -gt 128 ]; then echo "[ CRASHED  ] $test (signal $((status - 128)))" >> "$out/gpu_tests.log"; fi
+    status=0 limit=$(seconds_left)
+    limit=$(( limit < 120 ? (limit > 5 ? limit : 5) : 120 ))
+    AMPP_GPU_REPORT_DIR="$out" timeout -k 5 "$limit" "$suite" --gtest_filter="$test" >> "$out/gpu_tests.log" 2>&1 || status=$?
+    if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then echo "[ CRASHED  ] $test (timed out after $limit s)" >> "$out/gpu_tests.log"
+    elif [ "$status" -gt 128 ]; then echo "[ CRASHED  ] $test (signal $((status - 128)))" >> "$out/gpu_tests.log"; fi
     if [ "$status" -ne 0 ]; then code=1; fi
   done
   # The suite's own frames of any backtrace, as function and line (binutils' addr2line; debug info).
@@ -90,11 +95,11 @@ run() {
 # `ampp train --device cuda` there: the whole library and the CLI (with the kit's zlib, protobuf, boost
 # headers and CLI11), then short synthetic-data runs per precision, each beside the same run on the CPU's cores.
 # Never run on a GPU yet (docs/gpu.md): a first run may well stop in the build; its log says where.
-# The whole library, Release, for the GPU's architecture (train and bench share it): builds target $4 in
-# folder $1 with $5's torch, logs to OUT ($2) / $3, and says how long it took in OUT / $6.
+# The whole library, Release, for the GPU's architecture (train and bench share it): builds target $3 in
+# folder $1 with $4's torch, adds to OUT ($2) / build.log, and says how long it took in OUT / $5.
 build_full() {
-  local build=$1 out=$2 target=$4 python=$5 start=$SECONDS arch
-  local log=$out/$3
+  local build=$1 out=$2 target=$3 python=$4 start=$SECONDS arch
+  local log=$out/build.log
   mkdir -p "$out"
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${arch:-9.0}}
@@ -102,14 +107,21 @@ build_full() {
     -DCMAKE_PREFIX_PATH="$kit/usr" -DProtobuf_PROTOC_EXECUTABLE="$kit/usr/bin/protoc-kit" -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF \
     -DAMPP_BUILD_GPU_BENCH=ON >> "$log" 2>&1 || { tail -30 "$log"; exit 1; }
   cmake --build "$build" -j "$(nproc)" --target "$target" >> "$log" 2>&1 || { tail -40 "$log"; exit 1; }
-  echo "gpu-check: $target configured and built in $((SECONDS - start)) s" | tee -a "$out/$6"
+  echo "gpu-check: $target configured and built in $((SECONDS - start)) s" | tee -a "$out/$5"
 }
 
-# One short synthetic-data run of `ampp train $4`, and its images/s and test accuracy in summary.txt.
+# Seconds left of the call that `all` runs in (AMPP_GPU_CHECK_END, a time in seconds since the epoch); a
+# day when there is no such call.
+seconds_left() { echo $(( ${AMPP_GPU_CHECK_END:-$(( $(date +%s) + 86400 ))} - $(date +%s) )); }
+
+# One short synthetic-data run of `ampp train $4`, and its images/s and test accuracy in summary.txt; not
+# run when less than 20 s of the call is left, and stopped when none is.
 train_once() {
-  local out=$1 build=$2 python=$3 flags=$4
+  local out=$1 build=$2 python=$3 flags=$4 left
+  left=$(seconds_left)
+  [ "$left" -ge 20 ] || { echo "$flags: not run (the call's time is spent)" | tee -a "$out/summary.txt"; return 0; }
   # shellcheck disable=SC2086
-  "$build/bin/ampp" train --data synthetic:32768 --epochs 1 --quiet --no-plots --out "$build/run" $flags \
+  timeout -k 5 "$left" "$build/bin/ampp" train --data synthetic:32768 --epochs 1 --quiet --no-plots --out "$build/run" $flags \
     >> "$out/train-runs.log" 2>&1 &&
     echo "$flags: $("$python" -c 'import json, sys; s = json.load(open(sys.argv[1]));
 print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_accuracy"]))' \
@@ -120,7 +132,7 @@ print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_acc
 train() {
   local out=${1:?usage: scripts/gpu-check.sh train OUT}
   local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train}
-  build_full "$build" "$out" train-build.log ampp_cli "$python" summary.txt
+  build_full "$build" "$out" ampp_cli "$python" summary.txt
   local precision device failed=0
   for precision in "--opt-level O0" "--opt-level O1 --dtype bf16" "--opt-level O1 --dtype fp16"; do
     # The CPU with one worker: --nproc auto would first measure every layout of that machine's cores.
@@ -134,7 +146,7 @@ train() {
   # Two workers sharing the GPU: DDP over Gloo on CUDA tensors, one GPU per local rank modulo the GPUs.
   train_once "$out" "$build" "$python" "--device cuda --nproc 2 --opt-level O1 --dtype bf16" || failed=1
   # `ampp bench` on the GPU: the opt levels against O0, and the fused unscale against a copy.
-  { "$build/bin/ampp" bench --device cuda --models mlp cnn > "$build/bench.txt" 2>&1 &&
+  { [ "$(seconds_left)" -ge 30 ] && timeout -k 5 "$(seconds_left)" "$build/bin/ampp" bench --device cuda --models mlp cnn > "$build/bench.txt" 2>&1 &&
       tail -4 "$build/bench.txt" | tee -a "$out/summary.txt"; } ||
     { echo "ampp bench --device cuda: failed" | tee -a "$out/summary.txt"; failed=1; }
   cat "$build/bench.txt" >> "$out/train-runs.log" 2>/dev/null || true
@@ -142,25 +154,36 @@ train() {
 }
 
 # The GPU benchmark (bench/gpu/compare.py): ampp beside Python torch on this GPU, the cases in order of
-# importance until AMPP_GPU_BENCH_BUDGET_S (default 300) is spent. Its own call of the device tool: the
-# build of `train` is reused where the machine is still warm.
+# importance until AMPP_GPU_BENCH_BUDGET_S (default 300) is spent, or under `all` until AMPP_GPU_BENCH_RESERVE_S
+# are left of its call. The results stay in the build folder: a later call on the same warm machine adds
+# the cases not run yet (remove gpu_bench_results.json there to measure again).
 bench() {
   local out=${1:?usage: scripts/gpu-check.sh bench OUT}
   local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train} start=$SECONDS
-  build_full "$build" "$out" bench-build.log ampp_gpu_bench "$python" gpu_bench.log
-  local code=0
+  build_full "$build" "$out" ampp_gpu_bench "$python" gpu_bench.log
+  local code=0 budget=${AMPP_GPU_BENCH_BUDGET_S:-300} left
+  left=$(( $(seconds_left) - ${AMPP_GPU_BENCH_RESERVE_S:-0} ))
+  if [ "$left" -lt "$budget" ]; then budget=$(( left > 30 ? left : 30 )); fi
+  echo "gpu-check bench: a budget of $budget s" | tee -a "$out/gpu_bench.log"
   "$python" "$root/bench/gpu/compare.py" --ampp "$build/bench/gpu/ampp_gpu_bench" --python "$python" \
-    --budget-s "${AMPP_GPU_BENCH_BUDGET_S:-300}" --out "$out/gpu_bench.md" >> "$out/gpu_bench.log" 2>&1 || code=$?
+    --budget-s "$budget" --results "$build/gpu_bench_results.json" --out "$out/gpu_bench.md" \
+    >> "$out/gpu_bench.log" 2>&1 || code=$?
   { echo; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } >> "$out/gpu_bench.md" 2>&1 || true
   echo "gpu-check bench: done in $((SECONDS - start)) s, exit code $code" | tee -a "$out/gpu_bench.log"
   return $code
 }
 
-# Both in one call of the device tool (one machine start); each goes on if the other fails.
+# The three in one call of the device tool (one machine start), most important first: the GPU suite, the
+# benchmark (until 150 s are left, which `train` needs after its build), then `ampp train`, each run while
+# time is left. Each goes on if another fails.
 all() {
   local out=${1:?usage: scripts/gpu-check.sh all OUT} code=0
+  AMPP_GPU_CHECK_END=$(( $(date +%s) + ${AMPP_GPU_CHECK_S:-540} ))
+  export AMPP_GPU_CHECK_END
   (run "$out") || code=1
+  (AMPP_GPU_BENCH_RESERVE_S=150 bench "$out") || code=1
   (train "$out") || code=1
+  echo "gpu-check all: $(seconds_left) s of the call left, exit code $code" | tee -a "$out/summary.txt"
   return $code
 }
 

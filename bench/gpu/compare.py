@@ -9,7 +9,9 @@ limit: this GPU's measured bf16 matrix-product rate, with the GPT's model FLOP u
     python3 bench/gpu/compare.py --ampp ... --device cpu --quick     # both sides run: CI's check
 
 Cases run in order of importance until --budget-s is spent; the rest are listed as not run. A case whose
-model or parameter count differs between the sides, or whose loss is not finite, fails the run.
+model or parameter count differs between the sides, or whose loss is not finite, fails the run. With
+--results FILE, the cases already in FILE (an earlier run's, on the same machine) are kept and not run again,
+and the new ones are added to it: a budget too short for every case is continued by a second run.
 """
 import argparse
 import json
@@ -133,6 +135,39 @@ def speedups(results):
     return lines
 
 
+def run_case(case, args, steps, timeout):
+    """Both sides of one case, ampp's first: its results as each side printed them."""
+    model, precision, channels_last, ampp_flags, python_flags = case
+    common = ["--model", model, "--precision", precision, "--device", args.device] + steps
+    common += ["--channels-last"] if channels_last else []
+    ampp = run_side([args.ampp] + common + ampp_flags, timeout)
+    python = run_side([args.python, str(HERE / "python_side.py")] + common + python_flags, timeout)
+    return ampp, python
+
+
+def case_key(case):
+    return json.dumps(case)
+
+
+def load_results(path):
+    """An earlier run's results by case, from --results (none when the file is not there yet). A case cut off
+    by a timeout runs again; any other failure is kept, as it would happen again."""
+    if not path or not Path(path).exists():
+        return {}
+    timed_out = lambda r: "timed out" in r["ampp"].get("error", "") + r["python"].get("error", "")  # noqa: E731
+    return {case_key(r["case"]): (r["ampp"], r["python"])
+            for r in json.loads(Path(path).read_text()) if not timed_out(r)}
+
+
+def save_results(path, results):
+    """Written after every case, through a new file and a rename: a run cut off keeps what it measured."""
+    if not path:
+        return
+    part = Path(str(path) + ".part")
+    part.write_text(json.dumps([{"case": list(c), "ampp": a, "python": p} for c, a, p in results]))
+    part.replace(path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ampp", required=True, help="the ampp_gpu_bench program")
@@ -142,23 +177,31 @@ def main():
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--timeout-s", type=float, default=240, help="per side and case")
     ap.add_argument("--out", help="also write the table here")
+    ap.add_argument("--results", help="the cases' results as JSON: earlier ones kept, new ones added")
     args = ap.parse_args()
     cases = CPU_CASES if args.device == "cpu" else GPU_CASES
     steps = ["--steps", "2", "--warmup", "1"] if args.quick else []
+    earlier = load_results(args.results)
     start, results, failures, not_run = time.monotonic(), [], [], []
     for case in cases:
-        if time.monotonic() - start > args.budget_s:
+        if case_key(case) in earlier:
+            results.append((case, *earlier[case_key(case)]))
+            continue
+        left = args.budget_s - (time.monotonic() - start)
+        if left <= 0:
             not_run.append(case)
             continue
-        model, precision, channels_last, ampp_flags, python_flags = case
-        common = ["--model", model, "--precision", precision, "--device", args.device] + steps
-        common += ["--channels-last"] if channels_last else []
-        ampp = run_side([args.ampp] + common + ampp_flags, args.timeout_s)
-        python = run_side([args.python, str(HERE / "python_side.py")] + common + python_flags, args.timeout_s)
+        # A side never runs far past the budget: a hung case costs the rest of it, not two timeouts.
+        ampp, python = run_case(case, args, steps, min(args.timeout_s, left + 30))
         results.append((case, ampp, python))
-        failures += [f"{model} {precision} {' '.join(ampp_flags)}: {p}" for p in check_pair(ampp, python)]
+        save_results(args.results, results)
+        model, precision, _, ampp_flags, _ = case
         print(f"{model} {precision} {ampp_flags or ''}: ampp {ampp.get('items_per_s', ampp.get('error'))}, "
-              f"python {python.get('items_per_s', python.get('error', python.get('skipped')))}", flush=True)
+              f"python {python.get('items_per_s', python.get('error', python.get('skipped')))} "
+              f"({time.monotonic() - start:.0f} s)", flush=True)
+    for case, ampp, python in results:
+        model, precision, _, ampp_flags, _ = case
+        failures += [f"{model} {precision} {' '.join(ampp_flags)}: {p}" for p in check_pair(ampp, python)]
     limit = bf16_matmul_tflops(args.python) if args.device.startswith("cuda") else None
     lines = ["| model | precision | layout | ampp / Python | ampp items/s | Python items/s | ratio | ampp ms | Python ms "
              "| ampp MiB | Python MiB | memory | MFU | note |", "|" + "---|" * 14]

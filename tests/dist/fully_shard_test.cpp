@@ -175,6 +175,25 @@ TEST(FullyShard, ClipGradNormIsTheWholeModelsNorm) {
   });
 }
 
+// The full state dict is a copy: at one rank the gathered tensor would otherwise be the live shard, and a
+// dict kept (or being written) would change with the next step.
+TEST(FullyShard, TheFullStateDictIsASnapshotThatLaterStepsLeaveAlone) {
+  for (const int world : {1, 2}) {
+    on_ranks(world, [&](int rank, const ProcessGroup& pg) {
+      auto model = make_stack(1);
+      FullyShardedDataParallel fsdp(model, model->units(), FullyShardOptions().process_group(pg));
+      torch::optim::SGD opt(fsdp.parameters(), torch::optim::SGDOptions(0.1));
+      const auto dict = fsdp.full_state_dict();
+      const auto before = flat_state(dict, *model).clone();
+      const auto d = stack_batch(0, rank, world);
+      torch::mse_loss(fsdp.forward<StackImpl>(d.x), d.y).backward();
+      opt.step();
+      EXPECT_FALSE(torch::equal(before, flat_state(fsdp.full_state_dict(), *model))) << "the step changed nothing";
+      EXPECT_TRUE(torch::equal(before, flat_state(dict, *model))) << "world " << world;
+    });
+  }
+}
+
 TEST(FullyShard, GradScalerSkipsOnEveryRankWhenOneShardOverflows) {
   on_ranks(2, [](int rank, const ProcessGroup& pg) {
     auto model = make_stack(1);

@@ -1,10 +1,8 @@
 #pragma once
 // What every GPU test file needs: the reason a test skips without a GPU, and c10's sync debug mode as a guard.
+#include <ampp/scaling/cuda_graph_step.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
-#if AMPP_TEST_TORCH_HAS_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 
 #include <cstdlib>
 #include <string>
@@ -25,18 +23,7 @@ inline std::string no_gpu_reason() {
 }
 
 // Raises a c10::Error at any synchronising CUDA call (c10's sync debug mode) while alive.
-class ErrorOnCudaSync {
- public:
-#if AMPP_TEST_TORCH_HAS_CUDA
-  ErrorOnCudaSync() : before_(c10::cuda::warning_state().get_sync_debug_mode()) {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  }
-  ~ErrorOnCudaSync() { c10::cuda::warning_state().set_sync_debug_mode(before_); }
-
- private:
-  c10::cuda::SyncDebugMode before_;
-#endif
-};
+using ampp::ErrorOnCudaSync;
 
 }  // namespace ampp_gpu_test
 

@@ -79,4 +79,20 @@ class CudaGraphStep {
 /// Whether this LibTorch was built with CUDA (CUDA graphs can be captured where a GPU is also visible).
 bool cuda_graphs_compiled();
 
+/// While alive, a CUDA call that synchronises the host with the GPU (`.item()`, a copy to the host, a
+/// blocking wait) throws a c10::Error naming the call: c10's sync debug mode set to error, as
+/// `torch.cuda.set_sync_debug_mode("error")`; the mode before is restored at the end. CudaGraphStep uses
+/// it on its last warm-up step; a user loop can use it to prove a step free of host synchronisations.
+/// Does nothing in a LibTorch built without CUDA.
+class ErrorOnCudaSync {
+ public:
+  ErrorOnCudaSync();
+  ~ErrorOnCudaSync();
+  ErrorOnCudaSync(const ErrorOnCudaSync&) = delete;
+  ErrorOnCudaSync& operator=(const ErrorOnCudaSync&) = delete;
+
+ private:
+  int mode_before_ = 0;  // a c10::cuda::SyncDebugMode, kept as int so that this header needs no CUDA header
+};
+
 }  // namespace ampp

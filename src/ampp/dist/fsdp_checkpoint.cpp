@@ -16,20 +16,24 @@ namespace ampp::dist {
 namespace {
 
 // The whole tensor of a parameter's shape from every rank's rows of it (`rows`: this rank's, at most
-// rows_per_rank of them; fewer are zero-padded, as the chunks are), on the CPU.
+// rows_per_rank of them; fewer are zero-padded, as the chunks are), on the CPU, in memory of its own.
 torch::Tensor gather_full(const ProcessGroup& group, const detail::ShardedParam& p, const torch::Tensor& rows) {
   const int world = group.size();
-  auto chunk = torch::zeros({p.rows_per_rank, p.row_numel}, p.padded.options());
-  chunk.narrow(0, 0, rows.size(0)).copy_(rows.reshape({rows.size(0), p.row_numel}));
-  auto all = torch::empty({world * p.rows_per_rank, p.row_numel}, p.padded.options());
-  if (world == 1) {
-    all.copy_(chunk);
-  } else {
+  // A whole chunk (a parameter's own shard) is sent as it is; fewer rows are copied into a padded one.
+  const bool whole = rows.size(0) == p.rows_per_rank && rows.is_contiguous() &&
+                     rows.scalar_type() == p.padded.scalar_type() && rows.device() == p.padded.device();
+  torch::Tensor chunk = whole ? rows.view({p.rows_per_rank, p.row_numel})
+                              : torch::zeros({p.rows_per_rank, p.row_numel}, p.padded.options());
+  if (!whole) chunk.narrow(0, 0, rows.size(0)).copy_(rows.reshape({rows.size(0), p.row_numel}));
+  torch::Tensor all = chunk;
+  if (world > 1) {
+    all = torch::empty({world * p.rows_per_rank, p.row_numel}, p.padded.options());
     std::vector<std::vector<torch::Tensor>> out{all.chunk(world, 0)};
     std::vector<torch::Tensor> in{chunk};
     group.c10d()->allgather(out, in)->wait();
   }
-  return all.narrow(0, 0, p.rows).reshape(p.param.sizes()).cpu();
+  // A copy always: at world size 1 `all` may be the live shard, which a saved dict must not alias.
+  return all.narrow(0, 0, p.rows).reshape(p.param.sizes()).to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
 }  // namespace

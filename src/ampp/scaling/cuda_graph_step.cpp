@@ -26,6 +26,18 @@ namespace ampp {
 bool cuda_graphs_compiled() { return AMPP_CUDA_GRAPHS; }
 
 #if AMPP_CUDA_GRAPHS
+ErrorOnCudaSync::ErrorOnCudaSync() : mode_before_(static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode())) {
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+}
+ErrorOnCudaSync::~ErrorOnCudaSync() {
+  c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(mode_before_));
+}
+#else
+ErrorOnCudaSync::ErrorOnCudaSync() = default;
+ErrorOnCudaSync::~ErrorOnCudaSync() = default;
+#endif
+
+#if AMPP_CUDA_GRAPHS
 struct CudaGraphStep::Graph {
   at::cuda::CUDAGraph graph;
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
@@ -119,18 +131,6 @@ void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& 
   event.block(waiter);
 }
 
-// c10's sync debug mode set to error while alive: a synchronising CUDA call throws, naming itself.
-class ErrorOnSync {
- public:
-  ErrorOnSync() : before_(c10::cuda::warning_state().get_sync_debug_mode()) {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  }
-  ~ErrorOnSync() { c10::cuda::warning_state().set_sync_debug_mode(before_); }
-
- private:
-  c10::cuda::SyncDebugMode before_;
-};
-
 // An exception's message without c10's backtrace.
 std::string message_of(const std::exception& e) {
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
@@ -156,7 +156,7 @@ void CudaGraphStep::run_eagerly_on_side_stream(bool last_warmup_step) {
       output_ = step_();
     } else {
       try {
-        ErrorOnSync no_sync;
+        ErrorOnCudaSync no_sync;
         output_ = step_();
       } catch (const c10::Error& e) {
         TORCH_CHECK(false, "CudaGraphStep: the step synchronises with the host, which a CUDA graph cannot capture: ",

@@ -1,8 +1,6 @@
 // GraphedTrainStep (graphed_step.h): TrainOptions::cuda_graphs' step, captured or eager.
 #include "graphed_step.h"
 
-#include <torch/optim/sgd.h>
-
 namespace ampp::train::detail {
 
 GraphedTrainStep::GraphedTrainStep(ForwardLoss forward_loss, torch::optim::Optimizer& optimizer,
@@ -50,7 +48,7 @@ bool GraphedTrainStep::fits_graph(const torch::Tensor& data, const torch::Tensor
 }
 
 void GraphedTrainStep::step(const torch::Tensor& data, const torch::Tensor& target, double lr) {
-  for (auto& group : optimizer_.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+  set_lr(optimizer_, lr);
   seen_ += static_cast<double>(target.numel());
   ++steps_;
   if (!capture_) {

@@ -14,6 +14,7 @@
 #include "skip_watch.h"
 
 #include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 
 #include <functional>
 #include <memory>
@@ -27,6 +28,11 @@ namespace ampp::train::detail {
 // the logits are (the graphed step sums it there; the eager trainer reads it every step).
 inline torch::Tensor correct_prediction_count(const torch::Tensor& logits, const torch::Tensor& target) {
   return logits.argmax(-1).eq(target).sum();
+}
+
+// Every param group's learning rate, of SGD (the trainer's optimizer, plain, fused or ZeRO's).
+inline void set_lr(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
 }
 
 class GraphedTrainStep {

@@ -384,10 +384,6 @@ double scheduled_lr(const TrainOptions& o, int64_t epoch, int64_t steps_taken) {
   return lr;
 }
 
-void set_lr(torch::optim::Optimizer& opt, double lr) {
-  for (auto& group : opt.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-}
-
 int64_t steps_taken(const RunPosition& p) { return p.global_step - p.skipped_total; }
 
 bool reached_step_limit(const Run& run) { return run.o.steps() > 0 && run.position.global_step >= run.o.steps(); }
@@ -975,7 +971,7 @@ void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBa
     const Batch& batch = *next;
     record_operators(run, false);
     run.clock.lap(StepPhase::kData);
-    set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
+    detail::set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
     const StepResult step = train_step(run, batch);
     count_step(run, step, batch);
     dist::report_progress(run.position.global_step);
@@ -1003,7 +999,7 @@ struct EpochStart {
 
 // A finished epoch: the next epoch's lr, the epoch record and progress line, the epoch-end checkpoint.
 void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStart& start, ProgressBar* bar) {
-  set_lr(run.optimizer, scheduled_lr(run.o, epoch + 1, steps_taken(run.position)));
+  detail::set_lr(run.optimizer, scheduled_lr(run.o, epoch + 1, steps_taken(run.position)));
   run.epochs_done = epoch + 1;
   const double seconds = std::chrono::duration<double>(Clock::now() - start.time).count();
   const double train_accuracy = 100.0 * totals.correct / std::max(totals.seen, 1.0);
