@@ -114,7 +114,10 @@ def table_row(case, ampp, python, limit):
     mfu = "-"
     if model in PRESETS and limit and a > 0:
         mfu = f"{100 * a * gpt_flops_per_token(model, ampp['parameters']) / (limit * 1e12):.0f} %"
-    note = python.get("skipped", "")
+    # Rounds that disagree by more than 10 % (bench/gpu: the median round counts) are named, side by side.
+    noisy = [f"{side} rounds spread {100 * r['spread']:.0f} %" for side, r in (("ampp", ampp), ("Python", python))
+             if r.get("spread", 0) > 0.1]
+    note = "; ".join(([python["skipped"]] if "skipped" in python else []) + noisy)
     return (f"| {model} | {precision} | {layout} | {how} / {py_how} | {fmt(a, ',.0f')} | {fmt(p, ',.0f')} | {ratio} "
             f"| {fmt(ampp.get('ms_per_step', -1), '.2f')} | {fmt(python.get('ms_per_step', -1), '.2f')} "
             f"| {fmt(am, ',.0f')} | {fmt(pm, ',.0f')} | {mem} | {mfu} | {note} |")
@@ -180,7 +183,7 @@ def main():
     ap.add_argument("--results", help="the cases' results as JSON: earlier ones kept, new ones added")
     args = ap.parse_args()
     cases = CPU_CASES if args.device == "cpu" else GPU_CASES
-    steps = ["--steps", "2", "--warmup", "1"] if args.quick else []
+    steps = ["--steps", "2", "--warmup", "1", "--min-seconds", "0"] if args.quick else []
     earlier = load_results(args.results)
     start, results, failures, not_run = time.monotonic(), [], [], []
     for case in cases:

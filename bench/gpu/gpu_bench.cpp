@@ -1,17 +1,20 @@
 // ampp's side of the GPU benchmark (bench/gpu/compare.py runs it beside bench/gpu/python_side.py, which
 // trains the same model the same way in Python PyTorch): one model, one precision, synthetic data, and
 // one JSON line: items (images or tokens) per second, ms per step, the peak of allocated GPU memory
-// (what torch.cuda.max_memory_allocated counts) and the last loss.
+// (what torch.cuda.max_memory_allocated counts) and the last loss. The steps are timed in rounds of
+// --steps until --min-seconds have passed, and the median round counts (as python_side.py does).
 //
 //   build/bench/gpu/ampp_gpu_bench --model cnn --precision bf16 [--channels-last] [--cuda-graphs]
 //
 // Precisions: fp32; tf32 (TF32 matmuls and convolutions); fp16 (autocast + GradScaler, O1); bf16
 // (autocast, O1); o2-fp16 and o2-bf16 (ampp::initialize O2: the model cast, FP32 masters). The optimizer
 // is fused: FusedSGD (momentum 0.9) for the conv nets, FusedAdamW for the GPTs, as PyTorch's fused=True.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -33,6 +36,7 @@ namespace {
 struct BenchOptions {
   std::string model = "cnn", precision = "fp32", device = "cuda";
   int64_t batch = 0, steps = 30, warmup = 10, context = 0;
+  double min_seconds = 1.0;
   bool channels_last = false, cuda_graphs = false;
 };
 
@@ -159,6 +163,32 @@ void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
+// Rounds of o.steps steps, each timed from a synchronised device to a synchronised device, until
+// o.min_seconds have passed (one round at least). The median round's time stands for the case: a
+// launch-bound step of 2 ms is otherwise at the mercy of one hiccup of the host. `spread`: (slowest -
+// fastest) / median, how much the rounds disagreed.
+struct Rounds {
+  double median_s = 0, spread = 0;
+  int64_t count = 0;
+};
+
+Rounds time_rounds(const std::function<torch::Tensor()>& step, torch::Tensor& loss, const torch::Device& device,
+                   const BenchOptions& o) {
+  std::vector<double> times;
+  double total = 0;
+  synchronize(device);
+  while (times.empty() || total < o.min_seconds) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < o.steps; ++s) loss = step();
+    synchronize(device);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    total += times.back();
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  return {median, (times.back() - times.front()) / median, static_cast<int64_t>(times.size())};
+}
+
 nlohmann::json run(const BenchOptions& o) {
   const torch::Device device(o.device);
   TORCH_CHECK(!device.is_cuda() || torch::cuda::is_available(), "--device ", o.device,
@@ -177,11 +207,8 @@ nlohmann::json run(const BenchOptions& o) {
   ampp::bench::reset_peak_gpu_memory(device);
   torch::Tensor loss;
   for (int64_t s = 0; s < o.warmup; ++s) loss = step();
-  synchronize(device);
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t s = 0; s < o.steps; ++s) loss = step();
-  synchronize(device);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Rounds rounds = time_rounds(step, loss, device, o);
+  const double seconds = rounds.median_s;
   return {{"side", "ampp"},
           {"model", o.model},
           {"precision", o.precision},
@@ -191,6 +218,8 @@ nlohmann::json run(const BenchOptions& o) {
           {"items_per_step", w.items},
           {"items_per_s", static_cast<double>(w.items * o.steps) / seconds},
           {"ms_per_step", 1e3 * seconds / o.steps},
+          {"rounds", rounds.count},
+          {"spread", rounds.spread},
           {"peak_mib", ampp::bench::peak_gpu_memory_mib(device)},
           {"loss", loss.item<double>()},
           {"parameters", parameter_count(*w.model)},
@@ -208,6 +237,7 @@ int main(int argc, char** argv) {
   app.add_option("--context", o.context, "GPT sequence length (0: the preset's)");
   app.add_option("--steps", o.steps, "timed steps");
   app.add_option("--warmup", o.warmup, "untimed steps first");
+  app.add_option("--min-seconds", o.min_seconds, "time rounds of --steps until this much time has passed");
   app.add_option("--device", o.device, "cuda, cuda:N or cpu");
   app.add_flag("--channels-last", o.channels_last, "conv nets: NHWC activations");
   app.add_flag("--cuda-graphs", o.cuda_graphs, "capture the step once and replay it (ampp::CudaGraphStep)");

@@ -90,15 +90,21 @@ def run(args):
         torch.cuda.reset_peak_memory_stats(device)
     for _ in range(args.warmup):
         loss = step()
+    # As ampp_gpu_bench: rounds of --steps until --min-seconds have passed, the median round counts.
     sync()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    sync()
-    seconds = time.perf_counter() - start
+    times = []
+    while not times or sum(times) < args.min_seconds:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loss = step()
+        sync()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    seconds = times[len(times) // 2]
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else -1
     return {**line, "batch": x.shape[0], "items_per_step": items, "items_per_s": items * args.steps / seconds,
-            "ms_per_step": 1e3 * seconds / args.steps, "peak_mib": peak, "loss": loss.item(),
+            "ms_per_step": 1e3 * seconds / args.steps, "rounds": len(times), "spread": (times[-1] - times[0]) / seconds,
+            "peak_mib": peak, "loss": loss.item(),
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
@@ -110,6 +116,7 @@ def main():
     p.add_argument("--context", type=int, default=0)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--min-seconds", type=float, default=1.0, help="time rounds of --steps until this much has passed")
     p.add_argument("--device", default="cuda")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", default="", help="torch.compile mode: default, reduce-overhead, max-autotune")
