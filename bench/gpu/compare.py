@@ -2,7 +2,7 @@
 """The GPU benchmark: ampp (bench/gpu/gpu_bench.cpp) beside Python PyTorch (python_side.py) on the same
 device, in the same run, case by case: the same model, batch, precision and fused optimizer, synthetic data.
 Prints a markdown table: items (images or tokens) per second, ms per step, peak allocated GPU memory
-(max_memory_allocated on both sides), the ratios ampp/Python, each side's AMP speedup over its fp32, and the
+(max_memory_allocated on both sides), the ratios ampp/Python, the bars of bars.py judged, and the
 limit: this GPU's measured bf16 matrix-product rate, with the GPT's model FLOP utilisation against it.
 
     python3 bench/gpu/compare.py --ampp build/bench/gpu/ampp_gpu_bench [--out table.md] [--budget-s 420]
@@ -23,6 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "examples" / "python"))
+from bars import bar_lines  # noqa: E402
 from gpt import PRESETS  # noqa: E402
 
 # (model, precision, channels_last, ampp's extra flags, Python's extra flags), most important first.
@@ -46,6 +47,9 @@ GPU_CASES = [
     ("gpt2-124m", "o2-bf16", False, [], []),
     ("cnn", "fp16", True, ["--cuda-graphs"], ["--compile", "reduce-overhead"]),
     ("gpt2-124m", "bf16", False, [], ["--compile", "default"]),
+    ("cnn", "fp32", False, [], []),
+    ("cnn", "bf16", False, [], []),
+    ("cnn", "fp16", False, [], []),
 ]
 # On a CPU: small shapes, a few steps; what CI checks is that both sides run the same models.
 CPU_CASES = [
@@ -123,21 +127,6 @@ def table_row(case, ampp, python, limit):
             f"| {fmt(am, ',.0f')} | {fmt(pm, ',.0f')} | {mem} | {mfu} | {note} |")
 
 
-def speedups(results):
-    """Each side's AMP speedup over its own fp32, per model (eager, the same layout)."""
-    lines = []
-    for model in sorted({c[0] for c, _, _ in results}):
-        eager = {(c[1], c[2]): (a, p) for c, a, p in results if c[0] == model and not c[3] and not c[4]}
-        for (precision, layout), (a, p) in sorted(eager.items()):
-            base = eager.get(("fp32", layout)) or eager.get(("tf32", layout))
-            if precision in ("fp32", "tf32") or not base:
-                continue
-            ra = a.get("items_per_s", 0) / base[0]["items_per_s"] if base[0].get("items_per_s") else 0
-            rp = p.get("items_per_s", 0) / base[1]["items_per_s"] if base[1].get("items_per_s") else 0
-            lines.append(f"- {model} {precision} over fp32: ampp {ra:.2f}x, Python {rp:.2f}x")
-    return lines
-
-
 def run_case(case, args, steps, timeout):
     """Both sides of one case, ampp's first: its results as each side printed them."""
     model, precision, channels_last, ampp_flags, python_flags = case
@@ -209,7 +198,7 @@ def main():
     lines = ["| model | precision | layout | ampp / Python | ampp items/s | Python items/s | ratio | ampp ms | Python ms "
              "| ampp MiB | Python MiB | memory | MFU | note |", "|" + "---|" * 14]
     lines += [table_row(c, a, p, limit) for c, a, p in results]
-    lines += [""] + speedups(results)
+    lines += [""] + bar_lines(results)
     lines += ["", f"Limit: bf16 matrix product (8192^3) measured at {limit:.0f} TFLOP/s on this GPU" if limit
               else "Limit: not measured (no GPU)"]
     lines += [f"Not run (budget {args.budget_s:.0f} s spent): " + ", ".join(f"{c[0]} {c[1]}" for c in not_run)] if not_run else []
