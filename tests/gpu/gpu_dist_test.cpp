@@ -101,15 +101,22 @@ TEST(GpuDist, NcclAndGlooReduceCudaTensorsAtWorldSizeOne) {
   }
 }
 
+// DDP's own bookkeeping travels too: the model check at construction, the bucket order after the first
+// backward and, with find_unused_parameters, the used-parameter flags (on the GPU for NCCL, which takes
+// CUDA tensors only: src/ampp/dist/control_tensors.h).
 TEST(GpuDist, DdpAtWorldSizeOneTrainsAsPlainTrainingOverNcclAndGloo) {
   AMPP_REQUIRE_GPU();
   const auto want = plain_training();
   for (const std::string backend : {"nccl", "gloo"}) {
-    OneRankGroup group(backend);
-    auto net = small_net(false);
-    ampp::dist::DistributedDataParallel ddp(net, group.pg());
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    expect_same(train4(net, opt, [&](const torch::Tensor& x) { return ddp->forward(x); }), want, "DDP " + backend);
+    for (const bool find_unused : {false, true}) {
+      OneRankGroup group(backend);
+      auto net = small_net(false);
+      ampp::dist::DistributedDataParallel ddp(
+          net, group.pg(), ampp::dist::DistributedDataParallelOptions().find_unused_parameters(find_unused));
+      torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+      expect_same(train4(net, opt, [&](const torch::Tensor& x) { return ddp->forward(x); }), want,
+                  "DDP " + backend + (find_unused ? ", find_unused_parameters" : ""));
+    }
   }
 }
 
@@ -137,6 +144,9 @@ TEST(GpuDist, ZeroAndSyncBatchNormAtWorldSizeOneOverNcclTrainAsPlainTraining) {
         net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9),
         ampp::dist::ZeroRedundancyOptimizerOptions().process_group(group.pg()));
     expect_same(train4(net, zero, [&](const torch::Tensor& x) { return net->forward(x); }), want, "ZeRO-1");
+    zero.consolidate_state_dict(0);  // the shards' bytes gathered through NCCL, as CUDA tensors
+    ASSERT_NE(zero.consolidated(), nullptr);
+    EXPECT_EQ(zero.consolidated()->state().size(), net->parameters().size()) << "a momentum buffer per parameter";
   }
   {
     auto net = small_net(true);  // SyncBatchNorm in place of BatchNorm2d, the same parameters

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "control_tensors.h"
 #include "fsdp_state.h"
 
 namespace ampp::dist {
@@ -220,11 +221,12 @@ c10::impl::GenericDict FullyShardedDataParallel::full_optimizer_state_dict(
   // a gradient, empty shards too), so they hold the same state keys. Checked, as a mismatch would hang.
   auto counts = torch::tensor({static_cast<int64_t>(0)});
   for (const auto& s : states) counts += static_cast<int64_t>(s.size());
-  auto agreed = counts.clone();
-  std::vector<torch::Tensor> io{agreed};
+  const auto device = state_->params.empty() ? torch::Device(torch::kCPU) : state_->params.front().padded.device();
+  std::vector<torch::Tensor> io{counts.to(detail::control_device(state_->context.group, device))};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   if (state_->context.group.size() > 1) state_->context.group.c10d()->allreduce(io, max)->wait();
+  const auto agreed = io[0].cpu();
   TORCH_CHECK(agreed.item<int64_t>() == counts.item<int64_t>(),
               "ampp::dist::FullyShardedDataParallel::full_optimizer_state_dict: the ranks' optimizers hold "
               "different state (",

@@ -13,6 +13,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "control_tensors.h"
 #include "fsdp_state.h"
 
 namespace ampp::dist::detail {
@@ -189,10 +190,10 @@ void FsdpState::use_shared_memory_if_local() {
   bool on_cpu = true;
   for (const auto& p : root->parameters()) on_cpu = on_cpu && p.device().is_cpu();
   // Every rank must take the same path: the machines are counted collectively, the devices agreed on.
-  auto votes = torch::tensor({on_cpu ? 0 : 1}, torch::kInt);
-  std::vector<torch::Tensor> io{votes};
+  std::vector<torch::Tensor> io{
+      torch::tensor({on_cpu ? 0 : 1}, torch::kInt).to(detail::control_device(group, root->parameters()))};
   group.c10d()->allreduce(io)->wait();
-  if (votes.item<int>() == 0 && group_by_machine(group).machines() == 1)
+  if (io[0].item<int>() == 0 && group_by_machine(group).machines() == 1)
     context.shared_memory = std::make_shared<std::unique_ptr<SharedMemoryAllreduce>>();
 }
 
@@ -282,9 +283,11 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::nam
 torch::Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
   torch::NoGradGuard no_grad;
   // The padding rows hold no gradient, so the shards' squares add up to the whole model's.
-  auto squares = torch::zeros({1}, torch::kDouble);
+  // On the shards' device, which an NCCL group needs (and where the sum needs no host read).
+  const auto device = state_->params.empty() ? torch::Device(torch::kCPU) : state_->params.front().padded.device();
+  auto squares = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
   for (const auto& p : state_->params)
-    if (p.shard.grad().defined()) squares += p.shard.grad().to(torch::kDouble).pow(2).sum().cpu();
+    if (p.shard.grad().defined()) squares += p.shard.grad().to(torch::kDouble).pow(2).sum();
   if (state_->context.group.size() > 1) {
     std::vector<torch::Tensor> io{squares};
     state_->context.group.c10d()->allreduce(io)->wait();

@@ -13,6 +13,7 @@
 
 #include <ampp/dist/sync_batch_norm.h>
 
+#include "control_tensors.h"
 #include "log_format.h"
 #include "torch_compat.h"
 
@@ -70,14 +71,16 @@ uint64_t shape_hash(const std::vector<torch::Tensor>& params) {
 // All ranks must wrap the same model (PyTorch's _verify_param_shape_across_processes).
 void verify_same_model(const ProcessGroup& group, const std::vector<torch::Tensor>& params) {
   auto mine =
-      torch::tensor({static_cast<int64_t>(params.size()), static_cast<int64_t>(shape_hash(params))}, torch::kLong);
+      torch::tensor({static_cast<int64_t>(params.size()), static_cast<int64_t>(shape_hash(params))}, torch::kLong)
+          .to(detail::control_device(group, params));
   std::vector<torch::Tensor> in{mine};
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < group.size(); ++r) out[0].push_back(torch::empty_like(mine));
   group.c10d()->allgather(out, in)->wait();
-  const auto ref = out[0][0];
+  const auto all = torch::stack(out[0]).cpu();  // one copy to the host, then reads
+  const auto ref = all[0];
   for (int r = 1; r < group.size(); ++r) {
-    const auto other = out[0][r];
+    const auto other = all[r];
     TORCH_CHECK(other[0].item<int64_t>() == ref[0].item<int64_t>(),
                 "DDP expects same model across all ranks, but Rank ", r, " has ", other[0].item<int64_t>(),
                 " params, while rank 0 has inconsistent ", ref[0].item<int64_t>(),
@@ -211,9 +214,9 @@ void Reducer::Impl::rebuild_buckets_once(int source) {
     mine.clear();
     for (const auto& bucket : bucket_indices) mine.insert(mine.end(), bucket.begin(), bucket.end());
   }
-  auto order_tensor = torch::tensor(mine, torch::kLong);
-  std::vector<torch::Tensor> broadcast{order_tensor};
+  std::vector<torch::Tensor> broadcast{torch::tensor(mine, torch::kLong).to(detail::control_device(group, params))};
   group.c10d()->broadcast(broadcast, c10d::BroadcastOptions{source, 0})->wait();
+  const auto order_tensor = broadcast[0].cpu();
   const auto* rank0 = order_tensor.data_ptr<int64_t>();
   const std::vector<size_t> order(rank0, rank0 + order_tensor.numel());
   ready_order = {};
@@ -320,7 +323,8 @@ void Reducer::Impl::prepare_for_backward(const std::vector<torch::Tensor>& outpu
   }
   unused.clear();
   if (!options.find_unused_parameters()) return;
-  local_used = torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt);
+  local_used = torch::zeros({static_cast<int64_t>(params.size())},
+                            torch::TensorOptions(torch::kInt).device(detail::control_device(group, params)));
   if (outputs.empty()) {
     log_warning(
         "DistributedDataParallel: forward returned no tensors DDP can see, so unused-parameter "
@@ -466,7 +470,7 @@ void Reducer::Impl::finalize_backward() {
   torch::Tensor global_used;
   if (options.find_unused_parameters()) {
     used_future->waitAndThrow();
-    global_used = local_used;
+    global_used = local_used.cpu();  // read below per parameter: one copy to the host
   }
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
@@ -590,11 +594,13 @@ void Reducer::post_forward(const std::vector<torch::Tensor>& outputs) {
 
 JoinRound Reducer::Impl::join_round(bool active, bool syncing) {
   const int world = group.size(), rank = group.rank();
-  std::vector<torch::Tensor> flags{torch::zeros({2 * world}, torch::kInt)};  // [active ranks | syncing ranks]
-  if (active) flags[0][rank] = 1;
-  if (syncing) flags[0][world + rank] = 1;
+  auto mine = torch::zeros({2 * world}, torch::kInt);  // [active ranks | syncing ranks]
+  if (active) mine[rank] = 1;
+  if (syncing) mine[world + rank] = 1;
+  std::vector<torch::Tensor> flags{mine.to(detail::control_device(group, params))};
   group.c10d()->allreduce(flags)->wait();
-  const auto* f = flags[0].data_ptr<int>();
+  const auto all = flags[0].cpu();
+  const auto* f = all.data_ptr<int>();
   JoinRound round;
   for (int r = 0; r < world; ++r) {
     round.active += f[r];
@@ -650,7 +656,8 @@ int Reducer::shadow_iteration() {
 
 void Reducer::finish_join(bool active_to_the_end) {
   auto& s = *impl_;
-  std::vector<torch::Tensor> source{torch::full({1}, active_to_the_end ? s.group.rank() : -1, torch::kInt)};
+  std::vector<torch::Tensor> source{torch::full({1}, active_to_the_end ? s.group.rank() : -1, torch::kInt)
+                                        .to(detail::control_device(s.group, s.params))};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   s.group.c10d()->allreduce(source, max)->wait();

@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include "control_tensors.h"
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -51,35 +53,45 @@ void copy_group_options(const std::vector<OptimizerParamGroup>& from, std::vecto
   for (size_t g = 0; g < from.size(); ++g) to[g].set_options(from[g].options().clone());
 }
 
-// Rank `to` receives every rank's bytes (one gather of padded byte tensors; sizes first).
-std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::string& mine, int to) {
-  auto size = torch::full({1}, static_cast<int64_t>(mine.size()), torch::kLong);
+// Rank `to` receives every rank's bytes (one gather of padded byte tensors; sizes first), sent as tensors on
+// `device` (detail::control_device: the parameters' GPU for an NCCL group).
+std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::string& mine, int to,
+                                      const torch::Device& device) {
+  const auto on = torch::TensorOptions(torch::kLong).device(device);
+  auto size = torch::full({1}, static_cast<int64_t>(mine.size()), on);
   std::vector<torch::Tensor> sizes(group.size());
-  for (auto& s : sizes) s = torch::empty({1}, torch::kLong);
+  for (auto& s : sizes) s = torch::empty({1}, on);
   std::vector<std::vector<torch::Tensor>> size_out{sizes};
   std::vector<torch::Tensor> size_in{size};
   group.c10d()->allgather(size_out, size_in)->wait();
-  int64_t longest = 0;
-  for (const auto& s : size_out[0]) longest = std::max(longest, s.item<int64_t>());
+  const auto all_sizes = torch::cat(size_out[0]).cpu();
+  const int64_t longest = all_sizes.max().item<int64_t>();
 
   auto padded = torch::zeros({longest}, torch::kByte);
   std::memcpy(padded.data_ptr(), mine.data(), mine.size());
   std::vector<std::vector<torch::Tensor>> out;
   if (group.rank() == to) {
     out.emplace_back();
-    for (int r = 0; r < group.size(); ++r) out[0].push_back(torch::empty({longest}, torch::kByte));
+    for (int r = 0; r < group.size(); ++r) out[0].push_back(torch::empty({longest}, on.dtype(torch::kByte)));
   }
-  std::vector<torch::Tensor> in{padded};
+  std::vector<torch::Tensor> in{padded.to(device)};
   c10d::GatherOptions options;
   options.rootRank = to;
   group.c10d()->gather(out, in, options)->wait();
   std::vector<std::string> result;
   if (group.rank() != to) return result;
   for (int r = 0; r < group.size(); ++r) {
-    const auto* data = static_cast<const char*>(out[0][r].data_ptr());
-    result.emplace_back(data, static_cast<size_t>(size_out[0][r].item<int64_t>()));
+    const auto bytes = out[0][r].cpu();
+    result.emplace_back(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(all_sizes[r].item<int64_t>()));
   }
   return result;
+}
+
+// Where the parameters live (the first one's device; the CPU when there are none).
+torch::Device parameters_device(const std::vector<OptimizerParamGroup>& groups) {
+  for (const auto& g : groups)
+    if (!g.params().empty()) return g.params().front().device();
+  return torch::kCPU;
 }
 
 std::unique_ptr<torch::optim::OptimizerOptions> defaults_of(const OptimizerFactory& factory) {
@@ -210,7 +222,8 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   TORCH_CHECK(to >= 0 && to < group_.size(), "consolidate_state_dict: rank ", to, " is not in the group (ranks 0..",
               group_.size() - 1, ")");
   sync_options_to_local();
-  const auto shards = gather_bytes(group_, optimizer_bytes(*local_), to);
+  const auto shards = gather_bytes(group_, optimizer_bytes(*local_), to,
+                                   detail::control_device(group_, parameters_device(param_groups_)));
   consolidated_.reset();
   if (group_.rank() != to) return;
   auto full = factory_(param_groups_);
