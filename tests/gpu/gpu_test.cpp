@@ -5,12 +5,14 @@
 #include <ampp/precision/autocast.h>
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/scaling/grad_scaler.h>
+#include <ampp/scaling/gradient_ranges.h>
 #include <ampp/util/torch_version.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -324,5 +326,25 @@ TEST(GpuFusedStep, NoSynchronisationAndTheSameBitsAsPythonsFusedOptimizers) {
       EXPECT_EQ(ampp_oracle::double_bits(scaler.get_scale()), want.at("scale").get<uint64_t>()) << "step " << s;
     }
     EXPECT_EQ(scaler.skipped_steps(), 2);
+  }
+}
+
+// The numerics doctor's range report counts a GPU's gradients as the same values on the CPU (it copies
+// them to the host; it once read the device pointer as host memory).
+TEST(GpuDoctor, GradientRangesOfCudaGradientsEqualTheCpus) {
+  AMPP_REQUIRE_GPU();
+  auto g = torch::randn({64, 33}, torch::TensorOptions().dtype(torch::kFloat)) * 1e-3;
+  g[0][0] = std::numeric_limits<float>::infinity();
+  g[1][2] = 0;
+  for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    ampp::GradientRanges on_gpu, on_cpu;
+    on_gpu.observe({{"fc.weight", g.to(torch::kCUDA, dtype)}}, 65536.0, 1.0);
+    on_cpu.observe({{"fc.weight", g.to(dtype)}}, 65536.0, 1.0);
+    const auto &a = on_gpu.parameters().at(0), &b = on_cpu.parameters().at(0);
+    EXPECT_EQ(a.unscaled, b.unscaled) << dtype;
+    EXPECT_EQ(a.scaled, b.scaled) << dtype;
+    EXPECT_EQ(a.zero, b.zero) << dtype;
+    EXPECT_EQ(a.non_finite, 1) << dtype;
+    EXPECT_EQ(on_gpu.steps_with_non_finite_gradients(), 1) << dtype;
   }
 }

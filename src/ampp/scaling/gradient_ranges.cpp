@@ -51,9 +51,10 @@ void count(const T* data, int64_t n, GradientCounts& c, std::vector<int64_t>* sc
 
 GradientCounts count_gradient(const torch::Tensor& gradient, std::vector<int64_t>* scaled, double scale) {
   GradientCounts c;
-  // float32 holds fp16 and bf16 values exactly; double stays double.
+  // float32 holds fp16 and bf16 values exactly; double stays double. Counted on the host: a GPU's
+  // gradient is copied there first (its data pointer is the device's).
   auto t = gradient.detach();
-  t = (t.scalar_type() == torch::kDouble ? t : t.to(torch::kFloat)).contiguous();
+  t = t.to(torch::kCPU, t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat).contiguous();
   if (t.scalar_type() == torch::kDouble) {
     count(t.data_ptr<double>(), t.numel(), c, scaled, scale);
   } else {

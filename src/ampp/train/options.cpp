@@ -69,11 +69,7 @@ void validate_optimization(const TrainOptions& o) {
               "TrainOptions::clip_grad_norm must be 0 (off) or a positive max norm, got ", o.clip_grad_norm());
 }
 
-void validate_device(const TrainOptions& o) {
-  const torch::Device device = usable_device(o.device(), "TrainOptions::device");
-  TORCH_CHECK(device.is_cpu() || !o.doctor(),
-              "TrainOptions::doctor runs on the CPU only for now; drop --doctor or use --device cpu");
-}
+void validate_device(const TrainOptions& o) { usable_device(o.device(), "TrainOptions::device"); }
 
 // What --fsdp does not combine with yet, each refused with what to do instead.
 void validate_fsdp(const TrainOptions& o) {
