@@ -145,6 +145,8 @@ train() {
   train_once "$out" "$build" "$python" "--device cuda --opt-level O1 --dtype bf16 --no-prefetch" || failed=1
   # Two workers sharing the GPU: DDP over Gloo on CUDA tensors, one GPU per local rank modulo the GPUs.
   train_once "$out" "$build" "$python" "--device cuda --nproc 2 --opt-level O1 --dtype bf16" || failed=1
+  # SyncBatchNorm and ZeRO with two workers on the GPU: through the run's Gloo group.
+  train_once "$out" "$build" "$python" "--device cuda --nproc 2 --opt-level O1 --dtype bf16 --sync-bn --zero" || failed=1
   # The numerics doctor on a GPU: its range report copies each step's gradients to the host.
   train_once "$out" "$build" "$python" "--device cuda --opt-level O1 --dtype fp16 --doctor" || failed=1
   # `ampp bench` on the GPU: the opt levels against O0, and the fused unscale against a copy.

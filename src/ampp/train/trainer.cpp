@@ -267,10 +267,6 @@ struct Run {
         checkpoint(o.checkpoint_dir().empty() ? "" : checkpoint_path(o)) {
     TORCH_CHECK(per_rank_batch >= 1, "TrainOptions::batch_size ", o.batch_size(),
                 " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
-    TORCH_CHECK(device.is_cpu() || workers.world == 1 || !(o.sync_batch_norm() || o.zero()), "TrainOptions::device '",
-                o.device(), "' with ", workers.world,
-                " workers: --sync-batch-norm and --zero run on the CPU only for "
-                "now; drop them, or use one worker (--nproc 1) or --device cpu");
     if (fsdp) amp.set_found_inf_reducer(fsdp->found_inf_hook());  // each rank unscales only its shards
     if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark() && !o.deterministic());
   }
@@ -1296,6 +1292,9 @@ void start_ddp(Run& run) {
   const auto options = dist::DistributedDataParallelOptions().gradient_as_bucket_view(true);
   if (run.device.is_cuda()) {
     run.ddp.emplace(run.model, gpu_gradient_group(run), options);
+    // Their groups are set where the model and the optimizer are made, before DDP's: the run's own.
+    if (run.o.sync_batch_norm() || run.o.zero())
+      run.communication += "; SyncBatchNorm and ZeRO go through the run's Gloo group (CUDA tensors via the host)";
     return;
   }
   run.ddp.emplace(run.model, run.workers.pg, options);
