@@ -221,8 +221,7 @@ c10::impl::GenericDict FullyShardedDataParallel::full_optimizer_state_dict(
   // a gradient, empty shards too), so they hold the same state keys. Checked, as a mismatch would hang.
   auto counts = torch::tensor({static_cast<int64_t>(0)});
   for (const auto& s : states) counts += static_cast<int64_t>(s.size());
-  const auto device = state_->params.empty() ? torch::Device(torch::kCPU) : state_->params.front().padded.device();
-  std::vector<torch::Tensor> io{counts.to(detail::control_device(state_->context.group, device))};
+  std::vector<torch::Tensor> io{counts.to(detail::control_device(state_->context.group, state_->shard_device()))};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   if (state_->context.group.size() > 1) state_->context.group.c10d()->allreduce(io, max)->wait();

@@ -25,6 +25,11 @@ class FsdpState {
   void pre_root_forward();
   // The engine's end-of-backward callback: what the units did not reduce yet, then every unit resharded.
   void end_backward();
+  // Where the shards live (the first one's device; the CPU without parameters): the device of the small
+  // tensors FSDP's own checks send through an NCCL group (control_tensors.h).
+  torch::Device shard_device() const {
+    return params.empty() ? torch::Device(torch::kCPU) : params.front().padded.device();
+  }
 
   std::shared_ptr<torch::nn::Module> root;
   FsdpContext context;

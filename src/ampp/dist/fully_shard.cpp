@@ -284,8 +284,7 @@ torch::Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
   torch::NoGradGuard no_grad;
   // The padding rows hold no gradient, so the shards' squares add up to the whole model's.
   // On the shards' device, which an NCCL group needs (and where the sum needs no host read).
-  const auto device = state_->params.empty() ? torch::Device(torch::kCPU) : state_->params.front().padded.device();
-  auto squares = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
+  auto squares = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(state_->shard_device()));
   for (const auto& p : state_->params)
     if (p.shard.grad().defined()) squares += p.shard.grad().to(torch::kDouble).pow(2).sum();
   if (state_->context.group.size() > 1) {
