@@ -5,11 +5,10 @@
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/util/torch_version.h>
 
-#include <ATen/record_function.h>
-
 #include <sstream>
 #include <string_view>
 
+#include "host_reads.h"
 #include "scaler_test_util.h"
 
 namespace {
@@ -18,35 +17,6 @@ using ampp_test::kInf;
 
 #define AMPP_REQUIRE_FUSED_KERNELS() \
   if (!AMPP_TORCH_AT_LEAST(2, 4)) GTEST_SKIP() << "ATen's fused optimizer kernels need LibTorch 2.4 or newer"
-
-// Counts the reads of tensor values made on this thread by ampp or the test itself while alive: calls
-// of aten::item or aten::_local_scalar_dense outside any other ATen op. On a GPU each is a
-// synchronisation. ATen's CPU kernels read their own scalars inside their op (the CPU fused AdamW
-// reads each step count), which is no synchronisation: they run on the host. Those are not counted.
-class HostReadCounter {
- public:
-  HostReadCounter() : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start, &on_end))) {
-    state() = {};
-  }
-  ~HostReadCounter() { at::removeCallback(handle_); }
-  int count() const { return state().reads; }
-
- private:
-  struct State {
-    int reads = 0, depth = 0;
-  };
-  static State& state() {
-    thread_local State s;
-    return s;
-  }
-  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-    const std::string_view name = fn.name();
-    if (state().depth++ == 0 && (name == "aten::item" || name == "aten::_local_scalar_dense")) ++state().reads;
-    return nullptr;
-  }
-  static void on_end(const at::RecordFunction&, at::ObserverContext*) { --state().depth; }
-  at::CallbackHandle handle_;
-};
 
 struct Problem {
   std::vector<torch::Tensor> params{torch::linspace(-1, 1, 8).requires_grad_(),
@@ -80,7 +50,7 @@ TEST(FusedStep, AnIterationReadsNothingOnTheHostAndTheCountersComeOutOnRequest) 
     ampp::GradScaler scaler(ampp::GradScalerOptions().growth_interval(2));
     int reads = 0;
     {
-      HostReadCounter counter;
+      ampp_test::HostReadCounter counter;
       for (int s = 0; s < 10; ++s) problem.iterate(scaler, *opt, overflows_at(s));
       reads = counter.count();
     }
@@ -96,7 +66,7 @@ TEST(FusedStep, ThePlainOptimizerPathReadsTheFlagEveryStep) {
   Problem problem;
   torch::optim::SGD opt(problem.params, torch::optim::SGDOptions(1e-2).momentum(0.9));
   ampp::GradScaler scaler;
-  HostReadCounter counter;
+  ampp_test::HostReadCounter counter;
   for (int s = 0; s < 5; ++s) problem.iterate(scaler, opt, overflows_at(s));
   EXPECT_GE(counter.count(), 5) << "the counter sees the reads that the fused path avoids";
 }

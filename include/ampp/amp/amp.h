@@ -90,15 +90,16 @@ class ScaledLoss {
   void backward(bool retain_graph = false);
   /// loss.float() * scale (what apex's with-block yields).
   const torch::Tensor& tensor() const { return scaled_; }
-  /// The scale used.
-  double scale() const { return scale_; }
+  /// The scale used (a host read of it, made when asked).
+  double scale() const;
 
  private:
   friend class Amp;
-  ScaledLoss(std::shared_ptr<detail::AmpState> state, torch::Tensor scaled, double scale, ScaleLossOptions options);
+  ScaledLoss(std::shared_ptr<detail::AmpState> state, torch::Tensor scaled, torch::Tensor scale,
+             ScaleLossOptions options);
   std::shared_ptr<detail::AmpState> state_;
   torch::Tensor scaled_;
-  double scale_;
+  torch::Tensor scale_;  // a copy of the scale when the loss was scaled (float32, 0-dim; undefined: 1)
   ScaleLossOptions options_;
   bool done_ = false;
 };
@@ -115,7 +116,17 @@ class Amp {
   /// in a backward since the last step is skipped instead (its gradients are dropped, the scale was
   /// already lowered). Under O2 the FP32 masters are stepped and copied back into the model.
   /// Returns true if every optimizer stepped.
+  ///
+  /// A fused optimizer (ampp::FusedSGD, FusedAdamW) decides the skip itself, on the device: nothing is
+  /// read on the host, so a GPU step stays asynchronous and a CUDA graph can capture it. It then counts
+  /// as stepped here (true: "handed to the optimizer"); last_step_skipped() and skipped_steps() tell, and
+  /// the skipped step's gradients stay until zero_grad() (a backward that accumulates onto them drops
+  /// them first, as apex does at once).
   bool step();
+  /// Non-zero where the last step() skipped for inf/NaN gradients: float32, 0-dim, where the loss scale
+  /// is, for a device-side count (no host read). Undefined before the first step() and when no loss
+  /// scaler checks the gradients (checks_overflow() false).
+  const torch::Tensor& last_step_skipped() const;
 
   /// Zeroes the gradients of the optimizers' params (the masters under O2) and drops the model's.
   /// Cheaper than optimizer.zero_grad() (same result): the grads are dropped, the next
@@ -169,7 +180,8 @@ class Amp {
   /// them): a loss scaler is in use. False at apex's O0/O3 defaults (static scale 1.0) and disabled.
   bool checks_overflow() const;
   /// True when a backward since the last step() found inf/NaN gradients, so the next step() skips
-  /// (and drops those gradients, as apex does): read the gradients before step() to see where.
+  /// (and drops those gradients, as apex does): read the gradients before step() to see where. A host
+  /// read of the flag (a synchronisation on a GPU).
   bool step_will_skip() const;
   /// The live scale of loss scaler `loss_id` (1.0 for a static 1.0 / disabled).
   double loss_scale(int64_t loss_id = 0) const;
@@ -178,7 +190,7 @@ class Amp {
   /// found-inf flag first, e.g. FullyShardedDataParallel::found_inf_hook() (each rank checks only its shards).
   /// nullptr: no agreement (DDP's gradients are whole on every rank).
   void set_found_inf_reducer(FoundInfHook reduce);
-  /// Steps skipped because of overflow, over all optimizers.
+  /// Steps skipped because of overflow, over all optimizers (a host read where a fused optimizer counted).
   int64_t skipped_steps() const;
   /// The properties in force (level defaults + overrides, dtype resolved for the model's device).
   const Properties& properties() const;

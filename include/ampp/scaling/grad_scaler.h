@@ -30,6 +30,11 @@
 namespace ampp {
 
 class GradScaleAwareOptimizer;  // fused_optimizers.h
+struct GradScalerOptions;
+
+/// Whether `options` are PyTorch's rule exactly (dynamic, no cap, no floor of the user's, no hysteresis):
+/// ATen's _amp_update_scale_ alone.
+bool plain_pytorch_rule(const GradScalerOptions& options);
 
 /// The smallest loss scale ampp uses: 2^-126, float32's smallest normal number. PyTorch lets the scale
 /// back off further, into subnormals, until 1/scale overflows (below about 2.9e-39) and finite
@@ -132,6 +137,10 @@ class GradScaler {
 
   /// Adjusts the scale from the overflow results of all optimizers since the last update
   /// (growth-tracker rule of _amp_update_scale_ plus ampp policies), then resets every optimizer to READY.
+  /// Reads nothing on the host (so a GPU step stays asynchronous and a CUDA graph can capture it) when
+  /// every optimizer stepped through the fused path, or when `at_min_scale` is kIgnore: the rule, the
+  /// cap, the floor and hysteresis then run as tensor operations where the scale is. Otherwise (the
+  /// floor's kError/kWarn must act on the host at once) the same rule runs on the host.
   void update();
   /// Sets the scale directly (growth tracker untouched, overflow results discarded).
   void update(double new_scale);
@@ -165,10 +174,11 @@ class GradScaler {
   /// Updates in a row whose gradients held inf/NaN (0 after a finite one; not saved in state_dict).
   int64_t consecutive_overflows() const;
   /// Remaining overflows before the next backoff (== hysteresis when none is pending).
-  int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
+  int64_t hysteresis_tracker() const;
   /// The parameters whose gradients held inf/NaN after unscaling, in this iteration (every unscale_
   /// since the last update(); after update(), those of the iteration it closed). From the fused
   /// unscale pass itself on CPU: no extra pass. Map them to names with overflowed_parameter_names().
+  /// Empty for gradients on a GPU, where attributing them would read the device on the host every step.
   /// Under DDP the gradients are already averaged, so every rank sees the same list.
   const std::vector<torch::Tensor>& overflowed_params() const { return overflowed_params_; }
   /// Hook that reduces or observes found_inf inside unscale_ (see FoundInfHook). nullptr removes it.
@@ -187,12 +197,14 @@ class GradScaler {
     std::map<std::string, torch::Tensor> found_inf_per_device;  // key: device string
     bool fused = false;  // stepped through a GradScaleAwareOptimizer (no host read so far)
   };
-  // The fused path's counts, kept where the scale is (0-dim) until a host read folds them into the host
-  // counts below; undefined before the first fused step. A fold keeps the tensors (a captured CUDA graph
-  // goes on updating them: cuda_graph_step.h) and restarts the two that count since the last fold.
+  // What the fused steps and the device's update rule count, kept where the scale is (0-dim) until a
+  // host read folds them into the host counts below; undefined before the first of either. A fold keeps
+  // the tensors (a captured CUDA graph goes on updating them: cuda_graph_step.h) and restarts the three
+  // that count since the last fold.
   struct OnDeviceCounts {
-    torch::Tensor last_found_inf, consecutive_overflows;  // as of the last fused step
-    torch::Tensor fused_steps, skipped_steps;             // since the last fold
+    torch::Tensor last_found_inf;                                               // as of the last fused step
+    torch::Tensor consecutive_overflows, hysteresis_tracker, floor_overflows;  // as of the last update
+    torch::Tensor fused_steps, skipped_steps, device_updates;                   // since the last fold
   };
 
   void check_scale_growth_tracker(const char* funcname) const;
@@ -203,7 +215,9 @@ class GradScaler {
   void check_inf_per_device(torch::optim::Optimizer& optimizer);
   torch::Tensor found_inf_sum(const PerOptimizerState& st) const;
   void reduce_found_inf_with_hook(PerOptimizerState& st);
-  bool update_on_device(const torch::Tensor& found_inf_combined, bool all_fused, bool pytorch_rule);
+  bool update_on_device(const torch::Tensor& found_inf_combined, bool all_fused);
+  void update_on_host(const torch::Tensor& found_inf_combined);
+  void apply_policy_rule_on_device(const torch::Tensor& overflow);
   OnDeviceCounts& on_device_counts();
   void fold_on_device_counts() const;
   void overflow_at_floor(double scale);
@@ -219,8 +233,8 @@ class GradScaler {
   mutable OnDeviceCounts on_device_;  // mutable: the const readers fold it into the three below
   mutable bool found_inf_last_step_ = false;
   mutable int64_t skipped_steps_ = 0;
-  int64_t hysteresis_tracker_ = 1;
-  int64_t min_scale_overflows_ = 0;  // consecutive overflowing updates that found the scale at the floor
+  mutable int64_t hysteresis_tracker_ = 1;
+  mutable int64_t min_scale_overflows_ = 0;  // consecutive overflowing updates that found the scale at the floor
   mutable int64_t consecutive_overflows_ = 0;
   std::vector<torch::Tensor> overflowed_params_;
   bool iteration_closed_ = true;  // update() ran since the last unscale_

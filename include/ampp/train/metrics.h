@@ -72,7 +72,11 @@ struct Summary {
   int world_size = 1;
   int64_t epochs = 0, steps = 0, skipped_steps = 0;
   double test_accuracy = 0, test_loss = 0, train_loss = 0;
-  double seconds = 0, images_per_sec = 0, final_scale = 1, peak_rss_mb = 0;
+  double seconds = 0, final_scale = 1, peak_rss_mb = 0;
+  // Steady state: the steps after warm-up, without evaluation and checkpoints (steady_steps of them; 0:
+  // too few steps, and images_per_sec is the wall-time rate). wall_images_per_sec: all steps over `seconds`.
+  double images_per_sec = 0, wall_images_per_sec = 0;
+  int64_t steady_steps = 0;
   // Text (a GPT): images_per_sec counts sequences; the tokens, and the validation loss of the training
   // text's token frequencies (the loss a model that ignores context gets), beside test_loss.
   std::optional<double> tokens_per_sec, unigram_loss;

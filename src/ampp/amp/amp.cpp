@@ -2,6 +2,7 @@
 #include "state.h"
 
 #include <ampp/precision/rounding.h>
+#include <ampp/scaling/fused_optimizers.h>
 
 #include <fmt/core.h>
 
@@ -30,30 +31,62 @@ void detail::copy_masters_to_model(const AmpState& st, const OptimizerRecord& re
 
 Amp::Amp(std::shared_ptr<detail::AmpState> state) : state_(std::move(state)) {}
 
+bool detail::skip_decided_on_host(const OptimizerRecord& rec) {
+  return rec.skip_flag.defined() && rec.skip_flag.item<float>() != 0.0F;
+}
+
+namespace {
+
+// apex's skip_step: drop the (inf/NaN) gradients, leave parameters and optimizer state alone.
+void skip_on_host(AmpState& st, OptimizerRecord& rec) {
+  for (auto& slot : rec.slots) slot.param.mutable_grad() = torch::Tensor();
+  ++st.skipped_steps;
+}
+
+// A fused optimizer (ampp::FusedSGD, FusedAdamW) takes the skip flag and leaves every tensor untouched
+// where it is set: the decision stays on the device, and so does the count.
+void step_skipping_on_device(AmpState& st, OptimizerRecord& rec, GradScaleAwareOptimizer& fused) {
+  fused.set_grad_scaling(torch::Tensor(), rec.skip_flag);  // the gradients are unscaled already
+  rec.optimizer->step();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor skipped = rec.skip_flag.gt(0);
+  if (!st.skipped_steps_device.defined()) st.skipped_steps_device = torch::zeros({}, skipped.options().dtype(torch::kLong));
+  st.skipped_steps_device.add_(skipped);
+  rec.skipped_on_device = rec.skip_flag;
+}
+
+}  // namespace
+
 bool Amp::step() {
   AmpState& st = *state_;
   bool all_stepped = true;
+  torch::Tensor skipped;  // the records' flags, summed where they are
   for (auto& rec : st.optimizers) {
     detail::fill_pending_zero_grads(rec);  // zero_grad() then step() without a backward: LibTorch would step zeros
     TORCH_CHECK(!rec.has_scaled_grads,
                 "Amp::step(): the gradients are still scaled because the last backward used "
                 "delay_unscale(true). Run the last micro-batch's scale_loss(...).backward() without delay_unscale "
                 "before step().");
-    if (rec.skip_next_step) {
-      // apex's skip_step: drop the (inf/NaN) gradients, leave parameters and optimizer state alone.
-      rec.skip_next_step = false;
-      for (auto& slot : rec.slots) slot.param.mutable_grad() = torch::Tensor();
-      ++st.skipped_steps;
+    auto* fused = rec.skip_flag.defined() ? dynamic_cast<GradScaleAwareOptimizer*>(rec.optimizer) : nullptr;
+    if (rec.skip_flag.defined()) skipped = skipped.defined() ? skipped + rec.skip_flag : rec.skip_flag;
+    if (!fused && detail::skip_decided_on_host(rec)) {
+      skip_on_host(st, rec);
+      rec.skip_flag = torch::Tensor();
       all_stepped = false;
       continue;
     }
     {
       // apex runs optimizer.step() with its casts disabled; autocast must not touch the update.
       ampp::autocast no_autocast(st.device_type, st.low_dtype, /*enabled=*/false);
-      rec.optimizer->step();
+      if (fused)
+        step_skipping_on_device(st, rec, *fused);
+      else
+        rec.optimizer->step();
     }
+    rec.skip_flag = torch::Tensor();
     detail::Stopwatch timer(st.props.profile(), &st.profile.copy_seconds);
     if (st.use_masters) {
+      // After a skip on the device the masters are unchanged, and copying them again changes nothing.
       if (!rec.sharded) detail::copy_masters_to_model(st, rec);  // a sharded one did it inside its step
       for (auto& slot : rec.slots) {
         if (slot.model.defined()) slot.param.mutable_grad() = torch::Tensor();  // as apex: masters' grads dropped
@@ -65,6 +98,7 @@ bool Amp::step() {
     torch::NoGradGuard no_grad;
     for (auto& t : st.cast_params) t.copy_(t.to(torch::kHalf));  // = round_to_fp16, one pass fewer
   }
+  if (st.scales_loss) st.last_step_skipped = skipped;
   ++st.profile.steps;
   return all_stepped;
 }
@@ -82,6 +116,7 @@ void Amp::zero_grad() {
     }
     rec.zero_grads_pending = true;
     rec.has_scaled_grads = false;
+    rec.skipped_on_device = torch::Tensor();
   }
   // Cast parameters that no optimizer holds must not accumulate scaled grads forever.
   if (st.use_masters) {
@@ -250,7 +285,7 @@ void Amp::set_found_inf_reducer(FoundInfHook reduce) {
   for (auto& scaler : state_->scalers)
     scaler->set_found_inf_hook([raw, reduce](torch::Tensor& found_inf) {
       if (reduce) reduce(found_inf);
-      if (found_inf.item<float>() != 0.0f) raw->overflow_seen = true;  // what step() skips on
+      raw->overflow = raw->overflow.defined() ? raw->overflow + found_inf : found_inf;  // what step() skips on
     });
 }
 
@@ -260,14 +295,19 @@ const GradScaler& Amp::scaler(int64_t loss_id) const {
   return *state_->scalers[loss_id];
 }
 
-int64_t Amp::skipped_steps() const { return state_->skipped_steps; }
+int64_t Amp::skipped_steps() const {
+  const AmpState& st = *state_;
+  return st.skipped_steps + (st.skipped_steps_device.defined() ? st.skipped_steps_device.item<int64_t>() : 0);
+}
 
 bool Amp::checks_overflow() const { return state_->scales_loss; }
 bool Amp::step_will_skip() const {
   for (const auto& rec : state_->optimizers)
-    if (rec.skip_next_step) return true;
+    if (detail::skip_decided_on_host(rec)) return true;
   return false;
 }
+
+const torch::Tensor& Amp::last_step_skipped() const { return state_->last_step_skipped; }
 const Properties& Amp::properties() const { return state_->props; }
 c10::ScalarType Amp::model_storage_dtype() const {
   const AmpState& st = *state_;

@@ -15,9 +15,14 @@ namespace {
 using detail::AmpState;
 using detail::OptimizerRecord;
 
-// Set the already-accumulated gradients aside so the backward's gradients arrive alone.
+// Set the already-accumulated gradients aside so the backward's gradients arrive alone. Those a
+// fused optimizer skipped on (inf/NaN, left in place) are dropped, as apex's skip drops them: the
+// unscale pass checks only the new gradients, so kept ones would reach the weights.
 void stash_grads(OptimizerRecord& rec) {
+  const bool drop = rec.skipped_on_device.defined() && rec.skipped_on_device.item<float>() != 0.0F;  // rare: no zero_grad()
+  rec.skipped_on_device = torch::Tensor();
   for (auto& slot : rec.slots) {
+    if (drop) slot.param.mutable_grad() = torch::Tensor();
     slot.stash = slot.param.grad();
     if (slot.stash.defined()) slot.param.mutable_grad() = torch::Tensor();
   }
@@ -81,9 +86,11 @@ void fill_pending_zero_grads(OptimizerRecord& rec) {
 }
 }  // namespace detail
 
-ScaledLoss::ScaledLoss(std::shared_ptr<detail::AmpState> state, torch::Tensor scaled, double scale,
+ScaledLoss::ScaledLoss(std::shared_ptr<detail::AmpState> state, torch::Tensor scaled, torch::Tensor scale,
                        ScaleLossOptions options)
-    : state_(std::move(state)), scaled_(std::move(scaled)), scale_(scale), options_(std::move(options)) {}
+    : state_(std::move(state)), scaled_(std::move(scaled)), scale_(std::move(scale)), options_(std::move(options)) {}
+
+double ScaledLoss::scale() const { return scale_.defined() ? scale_.item<double>() : 1.0; }
 
 ScaledLoss Amp::scale_loss(const torch::Tensor& loss, int64_t loss_id) {
   return scale_loss(loss, ScaleLossOptions().loss_id(loss_id));
@@ -98,13 +105,15 @@ ScaledLoss Amp::scale_loss(const torch::Tensor& loss, ScaleLossOptions options) 
               options.loss_id(), " is out of range: initialize() created ", st.props.num_losses(),
               " loss scaler(s). Pass Properties().num_losses(n) to initialize() for n losses.");
   st.records_for(options.optimizers());  // validates the subset early
-  if (!st.scales_loss) return ScaledLoss(state_, loss.to(torch::kFloat), 1.0, std::move(options));
+  if (!st.scales_loss) return ScaledLoss(state_, loss.to(torch::kFloat), torch::Tensor(), std::move(options));
   detail::Stopwatch timer(st.props.profile(), &st.profile.scaler_seconds);
   GradScaler& scaler = *st.scalers[options.loss_id()];
   // apex's scaled loss is loss.float() * loss_scale: 0-dim in every version (GradScaler::scale gives
   // shape (1,) on LibTorch 1.13, as torch.cuda.amp's does).
   torch::Tensor scaled = scaler.scale(loss.to(torch::kFloat)).reshape({});
-  return ScaledLoss(state_, std::move(scaled), scaler.get_scale(), std::move(options));
+  // A copy, not a read: the backward's update() changes the scale in place, and a read would wait for
+  // the GPU before the backward is even queued.
+  return ScaledLoss(state_, std::move(scaled), scaler.scale_tensor().clone(), std::move(options));
 }
 
 void ScaledLoss::backward(bool retain_graph) {
@@ -128,7 +137,7 @@ void ScaledLoss::backward(bool retain_graph) {
   }
 
   GradScaler& scaler = *st.scalers[options_.loss_id()];
-  st.overflow_seen = false;
+  st.overflow = torch::Tensor();
   bool any_checked = false;
   for (auto* rec : records) {
     {
@@ -149,12 +158,12 @@ void ScaledLoss::backward(bool retain_graph) {
     detail::Stopwatch timer(prof, &st.profile.scaler_seconds);
     scaler.update();  // apex updates the scale at every scale_loss exit
   }
-  if (st.overflow_seen) {
-    for (auto* rec : records) rec->skip_next_step = true;
-    if (st.props.verbosity() >= 1) {
-      fmt::print(stderr, "ampp: gradient overflow in loss {}: the next step is skipped, loss scale now {}\n",
-                 options_.loss_id(), scaler.get_scale());
-    }
+  // The next step() skips where the flag is set: it stays on the device (Amp::step reads it only for an
+  // optimizer that cannot skip by itself).
+  for (auto* rec : records) rec->skip_flag = rec->skip_flag.defined() ? rec->skip_flag + st.overflow : st.overflow;
+  if (st.props.verbosity() >= 1 && st.overflow.item<float>() != 0.0F) {  // apex's message: a host read
+    fmt::print(stderr, "ampp: gradient overflow in loss {}: the next step is skipped, loss scale now {}\n",
+               options_.loss_id(), scaler.get_scale());
   }
 }
 

@@ -28,7 +28,13 @@ struct ParamSlot {
 struct OptimizerRecord {
   torch::optim::Optimizer* optimizer = nullptr;
   std::vector<ParamSlot> slots;
-  bool skip_next_step = false;    ///< a backward overflowed since the last step
+  /// Non-zero where a backward since the last step overflowed, so that step is skipped: float32, 0-dim,
+  /// where the scale is, summed from each backward's flag (no host read); undefined: no backward checked.
+  torch::Tensor skip_flag;
+  /// The flag of a step the optimizer skipped on the device (a fused one), whose inf/NaN gradients it left
+  /// in place (apex drops them at once): a backward that accumulates onto them before zero_grad() drops
+  /// them first (scale_loss.cpp). Undefined once zero_grad() or such a backward ran.
+  torch::Tensor skipped_on_device;
   bool has_scaled_grads = false;  ///< delay_unscale backward(s) left scaled grads behind
   /// Amp::zero_grad() left the grads undefined instead of writing zeros: the next backward's grads
   /// need no stash and no add, and a param that gets no grad is given zeros afterwards, which is
@@ -51,8 +57,10 @@ struct AmpState {
   std::vector<torch::Tensor> cast_params;  ///< model parameters that were cast (or fp16-rounded)
   std::vector<OptimizerRecord> optimizers;
   std::vector<std::unique_ptr<GradScaler>> scalers;  ///< one per loss_id
-  bool overflow_seen = false;                        ///< set from inside GradScaler::unscale_
-  int64_t skipped_steps = 0;
+  torch::Tensor overflow;  ///< the current backward's flag, summed from inside GradScaler::unscale_ (no host read)
+  int64_t skipped_steps = 0;           ///< skips decided on the host
+  torch::Tensor skipped_steps_device;  ///< int64, 0-dim: skips decided on the device by a fused optimizer
+  torch::Tensor last_step_skipped;     ///< Amp::last_step_skipped()
   AmpProfile profile;
 
   bool enabled() const { return props.enabled(); }
@@ -65,6 +73,9 @@ void copy_masters_to_model(const AmpState& st, const OptimizerRecord& rec);
 
 /// Gives every param of `rec` without a grad the zeros that zero_grad() deferred (see zero_grads_pending).
 void fill_pending_zero_grads(OptimizerRecord& rec);
+
+/// Whether `rec`'s pending step is to be skipped: a host read of its flag (false when none is set).
+bool skip_decided_on_host(const OptimizerRecord& rec);
 
 /// Adds the elapsed time to `*sink` on destruction when `on`.
 class Stopwatch {

@@ -127,9 +127,12 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     auto sum_dy = torch::zeros({channels}, dy.options()), sum_dy_xmu = torch::zeros_like(sum_dy);
     if (x.numel() > 0) {
       // LibTorch's fused BatchNorm backward asked for its two reductions only: with invstd 1 its weight
-      // gradient is sum(dy * (x - mean)) and its bias gradient sum(dy); one pass over dy and x.
+      // gradient is sum(dy * (x - mean)) and its bias gradient sum(dy); one pass over dy and x. Every
+      // tensor argument defined, though training mode reads neither the weight nor the running
+      // statistics here: the CUDA kernel asks each for its device ("tensor does not have a device").
+      const auto ones = torch::ones_like(mean);
       std::tie(std::ignore, sum_dy_xmu, sum_dy) = at::native_batch_norm_backward(
-          dy, xa, {}, {}, {}, mean, torch::ones_like(mean), /*train=*/true, 0.0, {false, true, true});
+          dy, xa, ones, mean, ones, mean, ones, /*train=*/true, 0.0, {false, true, true});
     }
     torch::Tensor grad_input, grad_weight, grad_bias;
     if (ctx->needs_input_grad(1)) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());

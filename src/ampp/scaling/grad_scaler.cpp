@@ -51,13 +51,12 @@ void validate(const GradScalerOptions& o) {
   TORCH_CHECK(o.min_scale_patience() >= 1, "min_scale_patience must be >= 1. Got ", o.min_scale_patience(), ".");
 }
 
-// PyTorch's default behaviour is exactly ATen's _amp_update_scale_; anything else needs the policy rule.
+}  // namespace
+
 bool plain_pytorch_rule(const GradScalerOptions& o) {
   return o.dynamic() && o.hysteresis() == 1 && o.min_scale() == 0.0 &&
          o.max_scale() == std::numeric_limits<double>::infinity();
 }
-
-}  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)) {
   if (options_.enabled()) validate(options_);
@@ -83,8 +82,10 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   }
   found_inf_hook_ = other.found_inf_hook_;
   const auto clone = [](const torch::Tensor& t) { return t.defined() ? t.clone() : torch::Tensor(); };
-  on_device_ = {clone(other.on_device_.last_found_inf), clone(other.on_device_.consecutive_overflows),
-                clone(other.on_device_.fused_steps), clone(other.on_device_.skipped_steps)};
+  const OnDeviceCounts& d = other.on_device_;
+  on_device_ = {clone(d.last_found_inf), clone(d.consecutive_overflows), clone(d.hysteresis_tracker),
+                clone(d.floor_overflows),  clone(d.fused_steps),           clone(d.skipped_steps),
+                clone(d.device_updates)};
   found_inf_last_step_ = other.found_inf_last_step_;
   skipped_steps_ = other.skipped_steps_;
   hysteresis_tracker_ = other.hysteresis_tracker_;
@@ -161,9 +162,13 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     const torch::Device device(dev);
     torch::Tensor f = device == scale_.device() ? found_inf.clone() : found_inf.to(device, false, true);
     const torch::Tensor inv = device == scale_.device() ? inv_scale : inv_scale.to(device);
-    numerics::non_finite_check_and_unscale_(d.grads, f, inv, non_finite);
-    for (size_t i = 0; i < non_finite.size(); ++i)
-      if (non_finite[i]) overflowed_params_.push_back(d.params[i]);
+    if (!device.is_cpu()) {  // attributing needs a host read there: overflowed_params() stays empty
+      numerics::non_finite_check_and_unscale_(d.grads, f, inv);
+    } else {
+      numerics::non_finite_check_and_unscale_(d.grads, f, inv, non_finite);
+      for (size_t i = 0; i < non_finite.size(); ++i)
+        if (non_finite[i]) overflowed_params_.push_back(d.params[i]);
+    }
     st.found_inf_per_device.emplace(dev, f);
   }
 
@@ -266,13 +271,22 @@ void GradScaler::update() {
   torch::Tensor found_inf_combined = found_infs[0].clone();
   for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined += found_infs[i];
 
-  if (update_on_device(found_inf_combined, all_fused, plain_pytorch_rule(options_))) return;
+  if (update_on_device(found_inf_combined, all_fused)) return;
+  update_on_host(found_inf_combined);
+  // The device's counts go on from the host's if a fused step or a device update comes next.
+  if (on_device_.consecutive_overflows.defined()) {
+    on_device_.consecutive_overflows.fill_(consecutive_overflows_);
+    on_device_.hysteresis_tracker.fill_(hysteresis_tracker_);
+    on_device_.floor_overflows.fill_(min_scale_overflows_);
+  }
+}
+
+void GradScaler::update_on_host(const torch::Tensor& found_inf_combined) {
   fold_on_device_counts();
   // One host read of the flag (step() has already made one; free on CPU).
   const bool found = found_inf_combined.item<float>() != 0.0f;
   consecutive_overflows_ = found ? consecutive_overflows_ + 1 : 0;
-  // The device's count goes on from here if a fused step comes next.
-  if (on_device_.consecutive_overflows.defined()) on_device_.consecutive_overflows.fill_(consecutive_overflows_);
+  if (!found) min_scale_overflows_ = 0;  // they count in a row (PyTorch's kernel path below ignores them)
   if (!options_.dynamic()) return;  // static loss scale: never changes
   // ATen's kernel is PyTorch's rule exactly, as long as the backoff stays above kMinLossScale.
   if (plain_pytorch_rule(options_) &&
@@ -338,6 +352,11 @@ void GradScaler::overflow_at_floor(double scale) {
   if (min_scale_overflows_ == options_.min_scale_patience()) TORCH_WARN(msg);
 }
 
+int64_t GradScaler::hysteresis_tracker() const {
+  fold_on_device_counts();
+  return hysteresis_tracker_;
+}
+
 double GradScaler::get_scale() const {
   if (!is_enabled()) return 1.0;
   return scale_.defined() ? static_cast<double>(scale_.item<float>()) : options_.init_scale();
@@ -356,8 +375,8 @@ GradScalerStateDict GradScaler::state_dict() const {
   sd["backoff_factor"] = options_.backoff_factor();
   sd["growth_interval"] = options_.growth_interval();
   sd["_growth_tracker"] = get_growth_tracker();
+  sd["_ampp_skipped_steps"] = skipped_steps();  // folds the device's counts into the host's first
   sd["_ampp_hysteresis_tracker"] = hysteresis_tracker_;
-  sd["_ampp_skipped_steps"] = skipped_steps();
   sd["_ampp_min_scale_overflows"] = min_scale_overflows_;
   return sd;
 }
@@ -405,10 +424,14 @@ void GradScaler::load_state_dict(const GradScalerStateDict& state) {
   if (scale_.defined()) scale_.fill_(options_.init_scale());
   if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
   // ampp extras are optional, so a state dict written from PyTorch's keys alone loads too.
-  hysteresis_tracker_ = count("_ampp_hysteresis_tracker", hysteresis_tracker_);
   fold_on_device_counts();  // the loaded counts replace what the device held too
+  hysteresis_tracker_ = count("_ampp_hysteresis_tracker", hysteresis_tracker_);
   skipped_steps_ = count("_ampp_skipped_steps", skipped_steps_);
   min_scale_overflows_ = count("_ampp_min_scale_overflows", min_scale_overflows_);
+  if (on_device_.consecutive_overflows.defined()) {
+    on_device_.hysteresis_tracker.fill_(hysteresis_tracker_);
+    on_device_.floor_overflows.fill_(min_scale_overflows_);
+  }
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {

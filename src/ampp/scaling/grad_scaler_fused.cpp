@@ -49,19 +49,54 @@ bool GradScaler::step_fused(torch::optim::Optimizer& optimizer, GradScaleAwareOp
   return true;
 }
 
-// update() of an iteration whose every optimizer took the fused path, when the rule needs no host
-// value: PyTorch's (ATen's _amp_update_scale_), or a static scale. false: the host rule must run.
-bool GradScaler::update_on_device(const torch::Tensor& found_inf_combined, bool all_fused, bool pytorch_rule) {
-  if (!all_fused || (options_.dynamic() && !pytorch_rule)) return false;
+// update() with no host read: when every optimizer of the iteration took the fused path (which reads
+// nothing either), or when nothing at the floor needs the host (a static scale, or at_min_scale kIgnore:
+// ampp::initialize's apex scalers). false: the host rule runs (update_on_host).
+bool GradScaler::update_on_device(const torch::Tensor& found_inf_combined, bool all_fused) {
+  const bool host_acts_at_floor = options_.dynamic() && options_.at_min_scale() != MinScaleAction::kIgnore;
+  if (!all_fused && host_acts_at_floor) return false;
+  torch::NoGradGuard no_grad;
   OnDeviceCounts& counts = on_device_counts();
-  counts.consecutive_overflows.add_(1).mul_(found_inf_combined.gt(0));
+  counts.device_updates.add_(1);
+  const torch::Tensor overflow = found_inf_combined.gt(0);
+  counts.consecutive_overflows.add_(1).mul_(overflow);
   if (!options_.dynamic()) return true;
+  if (options_.hysteresis() > 1) {
+    apply_policy_rule_on_device(overflow);
+    return true;
+  }
+  // An overflow that finds the scale at the floor counts (the host rule's min_scale_overflows_); any
+  // finite update restarts the count.
+  counts.floor_overflows.add_(overflow.logical_and(scale_.le(floor_scale()))).mul_(overflow);
   numerics::amp_update_scale_(scale_, growth_tracker_, found_inf_combined, options_.growth_factor(),
                               options_.backoff_factor(), options_.growth_interval());
-  // The floor the host rule keeps (kMinLossScale), kept here without reading the scale. Reaching it is
-  // not reported (at_min_scale needs a host read); consecutive_overflows() tells.
-  scale_.clamp_min_(kMinLossScale);
+  // The cap and the floor of the host rule, as clamps of the product (both rules store float(scale *
+  // factor) first). Reaching the floor is not reported here (at_min_scale needs a host read);
+  // consecutive_overflows() tells.
+  scale_.clamp_(floor_scale(), options_.max_scale());
   return true;
+}
+
+// apply_policy_rule() with hysteresis, as tensor operations: the same decisions, made with where().
+void GradScaler::apply_policy_rule_on_device(const torch::Tensor& overflow) {
+  OnDeviceCounts& counts = on_device_counts();
+  torch::Tensor& hysteresis = counts.hysteresis_tracker;
+  const torch::Tensor consumed = overflow.logical_and(hysteresis.gt(1));  // an overflow the budget absorbs
+  const torch::Tensor backs_off = overflow.logical_and(consumed.logical_not());
+  const torch::Tensor at_floor = backs_off.logical_and(scale_.le(floor_scale()));
+  const torch::Tensor grows = overflow.logical_not().logical_and(growth_tracker_.add(1).eq(options_.growth_interval()));
+  // Products in double, stored as float (ATen's and the host rule's arithmetic).
+  const torch::Tensor scale = scale_.to(torch::kDouble);
+  const torch::Tensor lower = (scale * options_.backoff_factor()).to(torch::kFloat).clamp_min(floor_scale());
+  const torch::Tensor higher = (scale * options_.growth_factor()).to(torch::kFloat).clamp_max(options_.max_scale());
+  scale_.copy_(torch::where(backs_off.logical_and(at_floor.logical_not()), lower, torch::where(grows, higher, scale_)));
+  growth_tracker_.copy_(torch::where(overflow.logical_or(grows), torch::zeros_like(growth_tracker_),
+                                     growth_tracker_ + 1));
+  // Refilled on growth, and with consecutive hysteresis on any finite update (growth is one).
+  const torch::Tensor refill = options_.consecutive_hysteresis() ? overflow.logical_not() : grows;
+  hysteresis.copy_(torch::where(consumed, hysteresis - 1,
+                                torch::where(refill, torch::full_like(hysteresis, options_.hysteresis()), hysteresis)));
+  counts.floor_overflows.add_(at_floor).mul_(overflow);
 }
 
 GradScaler::OnDeviceCounts& GradScaler::on_device_counts() {
@@ -69,8 +104,11 @@ GradScaler::OnDeviceCounts& GradScaler::on_device_counts() {
     const auto options = scale_.options().dtype(torch::kLong);
     on_device_.last_found_inf = torch::zeros({}, scale_.options());
     on_device_.consecutive_overflows = torch::full({}, consecutive_overflows_, options);
+    on_device_.hysteresis_tracker = torch::full({}, hysteresis_tracker_, options);
+    on_device_.floor_overflows = torch::full({}, min_scale_overflows_, options);
     on_device_.fused_steps = torch::zeros({}, options);
     on_device_.skipped_steps = torch::zeros({}, options);
+    on_device_.device_updates = torch::zeros({}, options);
   }
   return on_device_;
 }
@@ -78,16 +116,25 @@ GradScaler::OnDeviceCounts& GradScaler::on_device_counts() {
 void GradScaler::fold_on_device_counts() const {
   if (!on_device_.skipped_steps.defined()) return;
   const OnDeviceCounts& d = on_device_;
-  const torch::Tensor host =  // one host read for the four
-      torch::stack({d.fused_steps, d.skipped_steps, d.consecutive_overflows, d.last_found_inf.ne(0).to(torch::kLong)})
+  const torch::Tensor host =  // one host read for all of them
+      torch::stack({d.fused_steps, d.skipped_steps, d.last_found_inf.ne(0).to(torch::kLong), d.device_updates,
+                    d.consecutive_overflows, d.hysteresis_tracker, d.floor_overflows})
           .cpu();
   const auto count = host.accessor<int64_t, 1>();
-  if (count[0] == 0) return;  // no fused step since the last fold: the host counts are current
-  skipped_steps_ += count[1];
-  consecutive_overflows_ = count[2];
-  found_inf_last_step_ = count[3] != 0;
+  const bool fused = count[0] > 0, updated = count[3] > 0;
+  if (fused) {
+    skipped_steps_ += count[1];
+    found_inf_last_step_ = count[2] != 0;
+  }
+  if (fused || updated) consecutive_overflows_ = count[4];
+  if (updated) {
+    hysteresis_tracker_ = count[5];
+    min_scale_overflows_ = count[6];
+  }
+  if (!fused && !updated) return;  // nothing on the device since the last fold: the host counts are current
   d.fused_steps.zero_();
   d.skipped_steps.zero_();
+  d.device_updates.zero_();
 }
 
 bool GradScaler::found_inf_last_step() const {

@@ -9,7 +9,7 @@ BatchIterator::BatchIterator(const Dataset& dataset, std::vector<int64_t> indice
     TORCH_CHECK(i >= 0 && i < dataset.size(), "sample index ", i, " is out of range for a dataset of ", dataset.size(),
                 " samples");
   }
-  indices_ = torch::tensor(indices, torch::kInt64);
+  indices_ = torch::tensor(indices, torch::kInt64).to(dataset.labels.device());  // where the data is
 }
 
 int64_t BatchIterator::num_batches() const {

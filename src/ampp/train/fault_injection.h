@@ -14,7 +14,10 @@ struct FaultInjection {
   std::optional<int64_t> stop_at_step;  // the last rank SIGSTOPs itself after this step
   std::set<int64_t> inf_steps;          // this rank's loss is made inf at these steps
   std::optional<int64_t> kill_in_save;  // rank 0 dies halfway through writing its N-th checkpoint (1-based)
-  bool uncaptured_graph_step = false;   // TrainOptions::cuda_graphs on the CPU: its step path, run eagerly
+  // TrainOptions::cuda_graphs on the CPU: its step path, run eagerly, with the host reading the steps'
+  // results only where a GPU run reads them (every log_every steps), not after every step.
+  bool uncaptured_graph_step = false;
+  bool error_on_sync = false;  // a GPU test: each step under c10's sync debug mode, set to error
   bool prefetch_on_cpu = false;         // TrainOptions::prefetch_batches's loader thread on the CPU too
 };
 

@@ -64,6 +64,8 @@ nlohmann::json to_json(const Summary& s) {
                       {"train_loss", s.train_loss},
                       {"seconds", s.seconds},
                       {"images_per_sec", s.images_per_sec},
+                      {"wall_images_per_sec", s.wall_images_per_sec},
+                      {"steady_steps", s.steady_steps},
                       {"final_loss_scale", s.final_scale},
                       {"peak_rss_mb", s.peak_rss_mb},
                       {"compute", s.compute}};
@@ -93,6 +95,8 @@ Summary summary_from_json(const nlohmann::json& j) {
   s.train_loss = j.at("train_loss").get<double>();
   s.seconds = j.at("seconds").get<double>();
   s.images_per_sec = j.at("images_per_sec").get<double>();
+  s.wall_images_per_sec = j.value("wall_images_per_sec", s.images_per_sec);
+  s.steady_steps = j.value("steady_steps", int64_t{0});
   s.final_scale = j.at("final_loss_scale").get<double>();
   s.peak_rss_mb = j.at("peak_rss_mb").get<double>();
   for (const auto& p : j.value("step_phases_ms", nlohmann::json::array()))
@@ -147,6 +151,15 @@ ProgressBar::ProgressBar(int64_t epoch, int64_t epochs, int64_t total_steps, boo
       start_(std::chrono::steady_clock::now()) {}
 
 namespace {
+// "81234 images/s (steady, 480 steps; 61234 over the whole run)".
+std::string throughput_text(const Summary& s) {
+  const double per_image = s.tokens_per_sec ? *s.tokens_per_sec / std::max(s.images_per_sec, 1e-9) : 1.0;
+  const std::string unit = s.tokens_per_sec ? "tokens/s" : "images/s";
+  if (s.steady_steps == 0) return fmt::format("{:.0f} {}", s.images_per_sec * per_image, unit);
+  return fmt::format("{:.0f} {} (steady, {} steps; {:.0f} over the whole run)", s.images_per_sec * per_image, unit,
+                     s.steady_steps, s.wall_images_per_sec * per_image);
+}
+
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--";
   const auto s = static_cast<int64_t>(seconds + 0.5);
@@ -203,8 +216,7 @@ std::string summary_table(const Summary& s) {
       {"test loss", fmt::format("{:.4f}", s.test_loss)},
       {"train loss (last epoch)", fmt::format("{:.4f}", s.train_loss)},
       {"training time", fmt::format("{:.1f} s", s.seconds)},
-      {"throughput", s.tokens_per_sec ? fmt::format("{:.0f} tokens/s", *s.tokens_per_sec)
-                                      : fmt::format("{:.0f} images/s", s.images_per_sec)},
+      {"throughput", throughput_text(s)},
       {"skipped steps", std::to_string(s.skipped_steps)},
       {"final loss scale", fmt::format("{:g}", s.final_scale)},
       {"peak memory (RSS, rank 0)", fmt::format("{:.0f} MiB", s.peak_rss_mb)},

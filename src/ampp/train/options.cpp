@@ -84,7 +84,6 @@ void validate_fsdp(const TrainOptions& o) {
       !o.doctor() && !o.profile(),
       "TrainOptions::fsdp: --doctor and --profile read whole gradients and parameters, which FSDP does not keep; "
       "drop them");
-  TORCH_CHECK(o.device() == "cpu", "TrainOptions::fsdp runs on the CPU (Gloo) for now; use --device cpu");
 }
 
 // What --cuda-graphs cannot capture, each refused with what to do instead.
@@ -93,11 +92,6 @@ void validate_cuda_graphs(const TrainOptions& o) {
   const auto no = [](const char* what) { return std::string("TrainOptions::cuda_graphs: ") + what + " (docs/gpu.md)"; };
   TORCH_CHECK(o.device() != "cpu" || detail::faults_for(0, 1, false).uncaptured_graph_step,
               no("CUDA graphs need a GPU; use --device cuda, or drop --cuda-graphs"));
-  TORCH_CHECK(o.opt_level() == OptLevel::O0 || o.opt_level() == OptLevel::O1,
-              no("O0 and O1 only (O2's master copies and O3 are not captured yet); use --opt-level O0 or O1"));
-  TORCH_CHECK(
-      o.warmup_steps() == 0 && o.clip_grad_norm() == 0,
-      no("--warmup-steps changes the lr every step and --clip-grad-norm reads the norm on the host; drop them"));
   TORCH_CHECK(!o.doctor() && !o.profile(), no("--doctor and --profile read every step on the host; drop them"));
   TORCH_CHECK(o.fused_optimizer(),
               no("the step needs ampp::FusedSGD, which keeps the skip decision on the GPU; drop --no-fused-optimizer"));

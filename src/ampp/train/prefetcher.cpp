@@ -31,7 +31,7 @@ BatchPrefetcher::Slot BatchPrefetcher::prepare() {
   Slot slot;
   auto host = batches_.next();
   const torch::Device device = options_.device();
-  if (!host || device.is_cpu()) {
+  if (!host || device.is_cpu() || host->data.device() == device) {  // nothing to copy
     slot.batch = std::move(host);
     return slot;
   }

@@ -13,6 +13,7 @@
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/nonfinite_locator.h>
+#include <ampp/scaling/cuda_graph_step.h>
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/train/allocator.h>
 #include <ampp/train/batches.h>
@@ -43,6 +44,7 @@
 #include "doctor.h"
 #include "fault_injection.h"
 #include "graphed_step.h"
+#include "step_tally.h"
 #include "report_json.h"
 
 #include <algorithm>
@@ -201,13 +203,15 @@ torch::optim::SGDOptions sgd_options(const TrainOptions& o) {
 
 // TrainOptions::fsdp with several workers: the model sharded, its sharding_units() the units. Before the
 // optimizer, which steps the shards; a resume then loads each rank's shards (load_into_shards).
+// On a GPU the shards are CUDA tensors, which the run's Gloo group reduces through the host (ampp's shared
+// memory reads host memory only).
 std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
                                                           const std::shared_ptr<ClassifierImpl>& model,
-                                                          const dist::ProcessGroup& pg) {
+                                                          const dist::ProcessGroup& pg, const torch::Device& device) {
   if (!o.fsdp() || !pg) return nullptr;
+  const bool shared_memory = o.shared_memory_allreduce() && device.is_cpu();  // --gloo-allreduce: off
   return std::make_unique<dist::FullyShardedDataParallel>(
-      model, model->sharding_units(),
-      dist::FullyShardOptions().process_group(pg).shared_memory(o.shared_memory_allreduce()));  // --gloo-allreduce
+      model, model->sharding_units(), dist::FullyShardOptions().process_group(pg).shared_memory(shared_memory));
 }
 
 // The model's forward, through FSDP when the model is sharded.
@@ -237,14 +241,57 @@ torch::Tensor classification_loss(
                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
 }
 
-double correct_predictions(const torch::Tensor& logits, const torch::Tensor& target) {
-  return detail::correct_prediction_count(logits, target).item<double>();
-}
-
 struct Evaluation {
   double loss = 0;
   double accuracy = 0;
 };
+
+// Images per second after warm-up, without evaluation or checkpoints: over the spans between two reads of
+// the step tally within an epoch (each read waits for the device, so the time is the GPU's too), once
+// kWarmSteps steps of this process have run (cuDNN's autotuning, first allocations and page faults).
+struct SteadyRate {
+  static constexpr int64_t kWarmSteps = 20;
+  int64_t steps = 0;   // the steps measured
+  double seconds = 0;  // and their time
+
+  // A read after `steps_so_far` steps of this process.
+  void mark(int64_t steps_so_far) {
+    const auto now = Clock::now();
+    if (since_ && steps_so_far >= kWarmSteps) {
+      steps += steps_so_far - since_->first;
+      seconds += std::chrono::duration<double>(now - since_->second).count();
+    }
+    if (steps_so_far >= kWarmSteps) since_ = {steps_so_far, now};
+  }
+  // The time since the last read is not step time (a checkpoint was written).
+  void restart() {
+    if (since_) since_->second = Clock::now();
+  }
+  void end_segment() { since_.reset(); }  // an evaluation follows
+
+ private:
+  std::optional<std::pair<int64_t, Clock::time_point>> since_;
+};
+
+// A dataset of at most this many bytes lives on the GPU, where each batch is gathered by index on the
+// device: no host work, no copy and no loader thread per step (Fashion-MNIST: 55 MB; synthetic:32768:
+// 103 MB). Larger ones stay on the host and are copied batch by batch.
+constexpr int64_t kDataOnGpuBytes = int64_t{4} << 30;
+
+int64_t bytes_of(const Dataset& d) { return d.images.nbytes() + d.labels.nbytes(); }
+
+// On a GPU: the data on the device when it fits (the same values and order as on the host). Says where.
+std::string place_data(DatasetPair& data, const torch::Device& device) {
+  if (!device.is_cuda()) return "";
+  const int64_t bytes = bytes_of(data.train) + bytes_of(data.test);
+  if (bytes > kDataOnGpuBytes)
+    return fmt::format("data: {} MB on the host, copied to the GPU batch by batch", bytes >> 20);
+  for (Dataset* d : {&data.train, &data.test}) {
+    d->images = d->images.to(device);
+    d->labels = d->labels.to(device);
+  }
+  return fmt::format("data: on the GPU ({} MB), each batch gathered there", bytes >> 20);
+}
 
 // Everything one worker's run holds, built in the order the seeds build it.
 struct Run {
@@ -257,7 +304,7 @@ struct Run {
         per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
         model_options(model_options_for(data.train, o)),
         model(seeded_model(o, model_options, device)),
-        fsdp(make_fsdp(o, model, workers.pg)),
+        fsdp(make_fsdp(o, model, workers.pg, device)),
         optimizer_holder(make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg, device)),
         optimizer(*optimizer_holder),
         amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
@@ -267,13 +314,14 @@ struct Run {
         checkpoint(o.checkpoint_dir().empty() ? "" : checkpoint_path(o)) {
     TORCH_CHECK(per_rank_batch >= 1, "TrainOptions::batch_size ", o.batch_size(),
                 " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
+    data_placement = place_data(data, device);
     if (fsdp) amp.set_found_inf_reducer(fsdp->found_inf_hook());  // each rank unscales only its shards
     if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark() && !o.deterministic());
   }
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
-  // The live loss scale: the graphed step's as last read (TrainOptions::cuda_graphs), or Amp's.
-  double loss_scale() const { return graphed ? graphed_read.loss_scale : amp.loss_scale(); }
+  // The live loss scale (a host read).
+  double loss_scale() const { return amp.loss_scale(); }
   dist::ZeroRedundancyOptimizer* zero() { return dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer); }
   // What a checkpoint holds: the whole state, under ZeRO gathered on the leader by consolidate_state_dict(),
   // under FSDP on every rank by GatheredForCheckpoint (the optimizer then steps shards, the values are the
@@ -304,7 +352,8 @@ struct Run {
   detail::BufferGuard buffer_guard;
   dist::DistributedSampler sampler;
   std::optional<Ddp> ddp;
-  std::string communication;  // how DDP's workers reduce, said after the run's first line
+  std::string communication;   // how DDP's workers reduce, said after the run's first line
+  std::string data_placement;  // where the data lives, said there too
   std::string checkpoint;     // "" = no checkpoints
   RunPosition position;       // epoch/batch to start from; elapsed = seconds before this process
   EpochSums sums;             // the current epoch's running sums (this rank's; global totals on rank 0 after a save)
@@ -317,10 +366,7 @@ struct Run {
   int64_t epochs_done = 0;
   double last_train_loss = 0;
   Evaluation last_eval;
-  // For the divergence check: skipped steps in a row, the last finite loss and where it was.
-  int64_t skips_in_a_row = 0;
-  std::deque<bool> recent_skips;  // the last 2 x max_consecutive_skips steps: skipped or not
-  int64_t recent_skipped = 0;
+  // For the divergence message: the last finite loss and where it was.
   double last_finite_loss = std::numeric_limits<double>::quiet_NaN();
   int64_t last_finite_loss_step = 0;
   std::vector<std::string> last_overflowed;  // the parameters of the latest skipped step
@@ -333,8 +379,13 @@ struct Run {
   std::vector<torch::Tensor> gathered_masters;        // ZeRO under O2: every shard's masters, for the checkpoint
   std::unique_ptr<torch::optim::SGD> fsdp_optimizer;  // FSDP: the unsharded SGD, while a checkpoint is written
   std::unique_ptr<detail::GraphedTrainStep> graphed;  // TrainOptions::cuda_graphs, else null
-  detail::GraphedTrainStep::Readout graphed_read;     // its last read
-  int64_t graphed_skipped_base = 0;                   // skips before its scaler counted them (a resumed run's)
+  detail::StepTally tally{o.max_consecutive_skips()};  // the steps' results on the device, until a read
+  // Read the tally after every step: on the CPU, where a read costs nothing and each skipped step gets its
+  // own record with the names of its inf/NaN gradients, and under the doctor, which inspects every step.
+  // Set once the faults are known (train()): the CPU tests of the graphed path read as a GPU run does.
+  bool reads_every_step = true;
+  std::vector<std::string> step_overflowed;  // where reads_every_step: the last step's inf/NaN gradients
+  SteadyRate steady;                         // images/s after warm-up, evaluation and checkpoints excluded
 };
 
 // ---- small helpers ----
@@ -540,21 +591,9 @@ class GatheredForCheckpoint {
   Run& run_;
 };
 
-// TrainOptions::cuda_graphs: the graphed step's scale and growth tracker into Amp's scaler, which the
-// checkpoint holds (the file is the eager trainer's, and either resumes it).
-void graphed_scaler_into_amp(Run& run) {
-  if (!run.amp.checks_overflow()) return;
-  AmpStateDict state = run.amp.state_dict();
-  auto entry = state.at("loss_scaler0").toGenericDict();
-  entry.insert_or_assign("loss_scale", run.graphed->scaler().get_scale());
-  entry.insert_or_assign("unskipped", run.graphed->scaler().get_growth_tracker());
-  run.amp.load_state_dict(state);
-}
-
 // Running sums become global totals held by rank 0, so any world size resumes them exactly.
 void save(Run& run, int64_t epoch, int64_t batch) {
   const GatheredForCheckpoint gathered(run);  // before the check, which reads the whole weights
-  if (run.graphed) graphed_scaler_into_amp(run);
   if (!check_finite_weights(run)) return;  // a diagnosis run goes on; the last checkpoint stays
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
   run.sums = run.workers.leader() ? totals : EpochSums{};
@@ -586,7 +625,9 @@ Evaluation evaluate(Run& run) {
   const Dataset& test = run.data.test;
   const int64_t n = test.size(), batch = 512;
   const int64_t begin = n * run.workers.rank / run.workers.world, end = n * (run.workers.rank + 1) / run.workers.world;
-  double loss_sum = 0, correct = 0;
+  // Summed where the model is, read once at the end: a read per batch would wait for the GPU each time.
+  auto loss_sum = torch::zeros({}, torch::dtype(torch::kDouble).device(run.device));
+  auto correct = torch::zeros({}, torch::dtype(torch::kLong).device(run.device));
   for (int64_t i = begin; i < end; i += batch) {
     dist::report_progress(run.position.global_step);  // alive, for the launcher's stall watch
     const int64_t j = std::min(end, i + batch);
@@ -599,10 +640,10 @@ Evaluation evaluate(Run& run) {
       logits = run.fsdp ? run.fsdp->forward<ClassifierImpl>(input) : run.model->forward(input);
       logits = run.amp.cast_output(logits).to(torch::kFloat32);
     }
-    loss_sum += classification_loss(logits, y, torch::kSum).item<double>();
-    correct += correct_predictions(logits, y);
+    loss_sum += classification_loss(logits, y, torch::kSum).to(torch::kDouble);
+    correct += detail::correct_prediction_count(logits, y);
   }
-  auto sums = torch::tensor({loss_sum, correct}, torch::kFloat64);
+  auto sums = torch::stack({loss_sum, correct.to(torch::kDouble)}).cpu();
   allreduce_sum(run.workers.pg, sums);
   run.model->train();
   const auto targets = static_cast<double>(test.labels.numel());  // images, or tokens
@@ -630,12 +671,15 @@ BatchIterator epoch_batches(Run& run, int64_t epoch) {
 // CPU a batch is one gather, about 1% of a step (docs/gpu.md), and a loader thread there would compete with
 // the step's threads for the cores, so the test faults alone turn it on there.
 PrefetchOptions batch_loading(const Run& run) {
-  const bool loader_thread = run.o.prefetch_batches() && (run.device.is_cuda() || run.faults.prefetch_on_cpu);
+  const bool on_host = run.data.train.images.device().is_cpu();  // on the GPU, a batch is one gather there
+  const bool loader_thread =
+      run.o.prefetch_batches() && on_host && (run.device.is_cuda() || run.faults.prefetch_on_cpu);
   return PrefetchOptions(run.device).pinned(run.o.pinned_batches()).background(loader_thread);
 }
 
+// The host's view of the steps up to a read: the last step's loss, whether it stepped, and where a
+// skipped step's gradients were inf/NaN (known only where the trainer reads every step).
 struct StepResult {
-  torch::Tensor logits;
   double loss = 0;
   bool stepped = false;                 // false: skipped after an overflow
   std::vector<std::string> overflowed;  // skipped: the parameters whose gradients were inf/NaN
@@ -653,14 +697,9 @@ std::vector<std::string> non_finite_gradient_names(const std::vector<std::pair<s
     grads.push_back(p.grad());
   }
   if (grads.empty()) return {};
-  // The fused pass with inv_scale 1 reads every gradient once and writes nothing; its per-tensor flags
-  // say which held inf/NaN.
-  auto found = torch::zeros({}, grads[0].options().dtype(torch::kFloat));
-  std::vector<uint8_t> flags;
-  numerics::non_finite_check_and_unscale_(grads, found, torch::ones({}, found.options()), flags);
   std::vector<std::string> names;
-  for (size_t i = 0; i < flags.size(); ++i)
-    if (flags[i]) names.push_back(keys[i]);
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (numerics::has_non_finite({grads[i]})) names.push_back(keys[i]);
   return names;
 }
 
@@ -712,14 +751,18 @@ void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
         "rank 0's batch replayed finite: the inf/NaN came from another rank's batch or was injected";
 }
 
-// Whether every rank's gradients are finite. Under FSDP each rank holds only its shards, so the ranks agree
-// (one allreduce), as they do on a loss scaler's overflow; with DDP the gradients are alike everywhere.
-bool gradients_finite_everywhere(Run& run) {
-  const bool finite = !numerics::has_non_finite(gradients_of(run.amp.master_params()));
-  if (!run.fsdp) return finite;
-  auto flag = torch::tensor({finite ? 0.0 : 1.0}, torch::kFloat64);
-  allreduce_sum(run.workers.pg, flag);
-  return flag.item<double>() == 0.0;
+// Without a loss scaler nothing has checked the gradients, and one inf/NaN would reach every weight: the
+// step is skipped as the scaler would skip it, on this flag (float32, 0-dim, non-zero: inf/NaN), made on
+// the device. Under FSDP each rank holds only its shards, so the ranks agree (one allreduce, through the
+// host); with DDP the gradients are already averaged, so every rank decides alike.
+torch::Tensor unscaled_gradients_non_finite(Run& run) {
+  const auto grads = gradients_of(run.amp.master_params());
+  auto found = torch::zeros({}, torch::dtype(torch::kFloat).device(grads.empty() ? run.device : grads[0].device()));
+  if (!grads.empty()) numerics::non_finite_check_and_unscale_(grads, found, torch::ones({}, found.options()));
+  if (!run.fsdp) return found;
+  auto everywhere = found.to(torch::kCPU, torch::kDouble);
+  allreduce_sum(run.workers.pg, everywhere);
+  return everywhere.to(found.device(), torch::kFloat);
 }
 
 // The tensors whose gradients the step reads, by parameter name: the model's, or this rank's FSDP shards.
@@ -730,58 +773,103 @@ std::vector<std::pair<std::string, torch::Tensor>> named_gradient_holders(const 
   return named;
 }
 
+// torch::nn::utils::clip_grad_norm_'s operations (the same values), without its return value's host read.
+void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  const auto grads = gradients_of(params);
+  if (grads.empty()) return;
+  std::vector<torch::Tensor> norms;
+  for (const auto& g : grads) norms.push_back(g.norm(2.0));
+  const auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
+  const auto coef = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (auto g : grads) g.mul_(coef);
+}
+
+void clip_gradients(Run& run) {
+  if (run.o.clip_grad_norm() <= 0) return;
+  if (run.fsdp)
+    run.fsdp->clip_grad_norm_(run.o.clip_grad_norm());  // the global norm over every rank's shards
+  else
+    clip_grad_norm_on_device(run.amp.master_params(), run.o.clip_grad_norm());
+}
+
+// The optimizer's step, skipped where the gradients are not finite; returns the skip flag, on the device.
+// Amp decides with its loss scaler; without one, `non_finite` (above) does. A fused optimizer skips by
+// itself on the device; another one needs the flag on the host.
+torch::Tensor step_optimizer(Run& run, const torch::Tensor& non_finite) {
+  if (!non_finite.defined()) {
+    run.amp.step();
+    return run.amp.last_step_skipped();
+  }
+  if (auto* fused = dynamic_cast<GradScaleAwareOptimizer*>(&run.optimizer)) {
+    fused->set_grad_scaling(torch::Tensor(), non_finite);
+    run.amp.step();
+  } else if (non_finite.item<float>() == 0.0F) {
+    run.amp.step();
+  }
+  return non_finite;
+}
+
 // The last backward's wait for its buckets' allreduce, after autograd finished (reducer.h).
 double allreduce_wait_seconds(Ddp& ddp) {
   const dist::IterationTimeline t = ddp.reducer().last_timeline();
   return std::chrono::duration<double>(t.finalize_end - t.finalize_begin).count();
 }
 
-StepResult train_step(Run& run, const Batch& batch) {
+// Where a step's inf/NaN gradients are, read before the step (which drops a skipped step's gradients, as
+// apex), on a trainer that reads every step: host reads, free on the CPU.
+std::vector<std::string> overflowed_before_step(Run& run, const torch::Tensor& non_finite) {
+  if (!run.reads_every_step) return {};
+  const bool skips = non_finite.defined() ? non_finite.item<float>() != 0.0F : run.amp.step_will_skip();
+  return skips ? non_finite_gradient_names(named_gradient_holders(run)) : std::vector<std::string>{};
+}
+
+// One training step, queued with nothing read on the host (a CUDA graph captures it), but for what a
+// trainer that reads every step asks (overflowed_before_step) and the doctor's inspection.
+detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const torch::Tensor& target) {
   Amp& amp = run.amp;
   amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/amp.h)
   run.buffer_guard.save();
   ShardedForward sharded{run.fsdp.get()};
-  torch::Tensor logits = run.ddp    ? amp.forward(*run.ddp, batch.data)
-                         : run.fsdp ? amp.forward(sharded, batch.data)
-                                    : amp.forward(run.model, batch.data);
+  torch::Tensor logits = run.ddp    ? amp.forward(*run.ddp, data)
+                         : run.fsdp ? amp.forward(sharded, data)
+                                    : amp.forward(run.model, data);
   logits = logits.to(torch::kFloat32);
-  auto loss = classification_loss(logits, batch.target);
+  auto loss = classification_loss(logits, target);
   auto scaled = amp.scale_loss(maybe_inject_inf(run, loss));
   run.clock.lap(StepPhase::kForward);
   scaled.backward();
   run.clock.lap(StepPhase::kBackward);
   if (run.ddp) run.clock.move(StepPhase::kBackward, StepPhase::kAllreduceWait, allreduce_wait_seconds(*run.ddp));
   if (run.ranges) run.ranges->observe(named_master_gradients(run), scaled.scale(), loss.item<double>());
-  // Without a loss scaler nothing has checked the gradients, and one inf/NaN would reach every
-  // weight: skip the step as the scaler would (check_divergence counts it). With DDP the gradients
-  // are already averaged, so every rank decides alike.
-  const bool may_step = amp.checks_overflow() || gradients_finite_everywhere(run);
-  // Where it overflowed, read before step(), which drops the gradients of a skipped step (as apex).
-  const bool skips = !may_step || amp.step_will_skip();
-  std::vector<std::string> overflowed =
-      skips ? non_finite_gradient_names(named_gradient_holders(run)) : std::vector<std::string>{};
-  if (may_step && run.o.clip_grad_norm() > 0) {
-    if (run.fsdp)
-      run.fsdp->clip_grad_norm_(run.o.clip_grad_norm());  // the global norm over every rank's shards
-    else
-      torch::nn::utils::clip_grad_norm_(amp.master_params(), run.o.clip_grad_norm());
-  }
-  const bool stepped = may_step && amp.step();
-  run.buffer_guard.restore_if_non_finite();  // also after a taken step: x*x can overflow while x did not
-  if (run.ranges && !stepped && run.first_non_finite.is_null()) locate_first_non_finite(run, batch, scaled.scale());
+  const torch::Tensor non_finite = amp.checks_overflow() ? torch::Tensor() : unscaled_gradients_non_finite(run);
+  run.step_overflowed = overflowed_before_step(run, non_finite);
+  clip_gradients(run);  // a skipped step's clipped gradients are never used
+  const torch::Tensor skipped = step_optimizer(run, non_finite);
+  run.buffer_guard.restore_where_non_finite();  // also after a taken step: x*x can overflow while x did not
+  if (run.ranges && run.first_non_finite.is_null() && skipped.defined() && skipped.item<float>() != 0.0F)
+    locate_first_non_finite(run, Batch{data, target}, scaled.scale());
   run.clock.lap(StepPhase::kOptimizer);
-  return {logits, loss.item<double>(), stepped, std::move(overflowed)};
+  return {logits.detach(), loss.detach(), skipped};
 }
 
-void count_step(Run& run, const StepResult& step, const Batch& batch) {
+// The step, eager or replayed from a CUDA graph (TrainOptions::cuda_graphs), added to the run's tally.
+// The lr warm-up changes the lr every step, which a graph would have to capture anew each time: its steps
+// run eagerly, and the graph is captured after it.
+void run_step(Run& run, const Batch& batch, double lr) {
+  detail::set_lr(run.optimizer, lr);
+  std::optional<ErrorOnCudaSync> no_sync;  // a GPU test's proof that the step reads nothing on the host
+  if (run.faults.error_on_sync) no_sync.emplace();
+  if (run.graphed && steps_taken(run.position) >= run.o.warmup_steps())
+    run.graphed->step(batch.data, batch.target, lr);
+  else
+    run.tally.add(train_step(run, batch.data, batch.target), batch.target);
+}
+
+void count_step(Run& run) {
   ++run.position.global_step;
-  if (!step.stepped) ++run.position.skipped_total;
   if (run.faults.kill_at_step == run.position.global_step) std::raise(SIGKILL);
   if (run.faults.stop_at_step == run.position.global_step) std::raise(SIGSTOP);
-  const auto targets = static_cast<double>(batch.target.numel());  // images, or tokens
-  run.sums.loss_sum += step.loss * targets;
-  run.sums.correct += correct_predictions(step.logits, batch.target);
-  run.sums.seen += targets;
 }
 
 void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per_sec) {
@@ -883,24 +971,34 @@ std::string broken_skip_rule(int64_t limit, int64_t in_a_row, int64_t recent_ski
   return "";
 }
 
-void check_divergence(Run& run, const StepResult& step) {
+// The steps since the last read into the epoch's sums and the position, and the last step as the host
+// sees it. A host synchronisation.
+StepResult read_steps(Run& run, const detail::StepTally::Readout& r) {
+  run.sums.loss_sum += r.loss_sum;
+  run.sums.correct += r.correct;
+  run.sums.seen += r.seen;
+  run.position.skipped_total += r.skipped;
+  StepResult step;
+  step.loss = r.last_loss;
+  step.stepped = r.consecutive_skips == 0;
+  if (!step.stepped) step.overflowed = run.step_overflowed;
+  return step;
+}
+
+// The device watched the rules step by step (SkipWatch): a read tells the first step that broke one, also
+// where a finite step followed before the read, and every rank stops at the same read.
+void check_divergence(Run& run, const StepResult& step, const detail::StepTally::Readout& r) {
   if (std::isfinite(step.loss)) {
     run.last_finite_loss = step.loss;
     run.last_finite_loss_step = run.position.global_step;
   }
-  run.skips_in_a_row = step.stepped ? 0 : run.skips_in_a_row + 1;
   if (!step.stepped) run.last_overflowed = step.overflowed;
+  if (!r.first_break) return;
   const int64_t limit = run.o.max_consecutive_skips();
-  if (limit == 0) return;
-  run.recent_skips.push_back(!step.stepped);
-  run.recent_skipped += !step.stepped;
-  if (static_cast<int64_t>(run.recent_skips.size()) > 2 * limit) {
-    run.recent_skipped -= run.recent_skips.front();
-    run.recent_skips.pop_front();
-  }
-  const std::string broken = broken_skip_rule(limit, run.skips_in_a_row, run.recent_skipped,
-                                              static_cast<int64_t>(run.recent_skips.size()), run.position.global_step);
-  if (!broken.empty()) stop_diverged(run, broken);
+  const auto& broke = *r.first_break;
+  const int64_t step_of_break = run.position.global_step - (r.steps - broke.step);
+  stop_diverged(run, broken_skip_rule(limit, broke.in_a_row, broke.recent_skips, std::min(broke.step, 2 * limit),
+                                      step_of_break));
 }
 
 // `ampp doctor` (doctor on, no divergence stop): a diagnosis runs every step and reports instead of
@@ -956,35 +1054,53 @@ void record_operators(Run& run, bool epoch_ended) {
   }
 }
 
+// Whether the host reads the steps' results after this one: where a read costs nothing (the CPU) or the
+// doctor inspects every step (Run::reads_every_step), and while the lr warms up, since its schedule counts
+// the steps taken (skips excluded). On a GPU otherwise only at log points: a read waits for the GPU.
+bool reads_after_step(const Run& run) {
+  return run.reads_every_step || steps_taken(run.position) < run.o.warmup_steps();
+}
+
 // The epoch's steps, until its end or TrainOptions::steps; checkpoints every checkpoint_every steps
-// and where the step limit stops it mid-epoch.
+// and where the step limit stops it mid-epoch. The host reads the device's tally (StepTally) only every
+// log_every steps, at the epoch's end, at the step limit and before a checkpoint (or every step where
+// reads_after_step says).
 void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBar* bar) {
   const auto& o = run.o;
   const int64_t images_per_step = run.per_rank_batch * run.workers.world;
   Throughput meter;
   run.clock.restart();  // between epochs: evaluation and checkpoints are not step time
   while (const auto next = batches.next()) {
-    const Batch& batch = *next;
     record_operators(run, false);
     run.clock.lap(StepPhase::kData);
-    detail::set_lr(run.optimizer, scheduled_lr(o, epoch, steps_taken(run.position)));
-    const StepResult step = train_step(run, batch);
-    count_step(run, step, batch);
+    const bool reads = reads_after_step(run);  // the position before the step decides
+    run_step(run, *next, scheduled_lr(o, epoch, steps_taken(run.position)));
+    count_step(run);
     dist::report_progress(run.position.global_step);
     ++meter.steps;
-    const bool epoch_end = batches.position() == batches.num_batches();
-    const bool log_now = !step.stepped || run.position.global_step % o.log_every() == 0 || epoch_end;
-    if (log_now || bar) meter.update(log_now, images_per_step);
-    if (log_now && run.metrics) log_step(run, epoch, step, meter.images_per_sec);
-    if (bar)
-      bar->update(batches.position(), meter.images_per_sec, step.loss, run.loss_scale(), run.position.skipped_total);
-    check_divergence(run, step);
-    const bool stop = reached_step_limit(run);
-    if (saves_mid_epoch(run, epoch_end, stop)) save(run, epoch, batches.position());
+    const bool epoch_end = batches.position() == batches.num_batches(), stop = reached_step_limit(run);
+    const bool saves = saves_mid_epoch(run, epoch_end, stop);
+    const bool logged = run.position.global_step % o.log_every() == 0 || epoch_end;
+    if (reads || logged || stop || saves) {
+      const auto readout = run.tally.read();
+      run.steady.mark(readout.steps);
+      const StepResult step = read_steps(run, readout);
+      const bool log_now = logged || !step.stepped;
+      if (log_now || bar) meter.update(log_now, images_per_step);
+      if (log_now && run.metrics) log_step(run, epoch, step, meter.images_per_sec);
+      if (bar)
+        bar->update(batches.position(), meter.images_per_sec, step.loss, run.loss_scale(), run.position.skipped_total);
+      check_divergence(run, step, readout);
+    }
+    if (saves) {
+      save(run, epoch, batches.position());  // after a read: the sums and the scale are the step's
+      run.steady.restart();                  // a checkpoint is not step time
+    }
     ++run.phases.steps;
     run.clock.lap(StepPhase::kBookkeeping);
     if (stop) break;
   }
+  run.steady.end_segment();
   record_operators(run, true);
 }
 
@@ -1029,87 +1145,17 @@ void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStar
 
 // ---- TrainOptions::cuda_graphs ----
 
-// The graphed step: the model's forward through the run's Amp (its autocast, as the eager step's), and a
-// GradScaler with Amp's loss-scale options that always checks for inf/NaN (at O0 with a static scale of
-// 1, so that none reaches the weights, as the eager step's host check).
+// The graphed step: the eager step itself (train_step, added to the run's tally), captured. One worker
+// only: DDP's collectives are not captured. On the CPU (the tests' uncaptured_graph_step) none: the
+// eager step is the path a GPU captures, and the host reads as on a GPU (Run::reads_every_step).
 std::unique_ptr<detail::GraphedTrainStep> make_graphed_step(Run& run) {
   TORCH_CHECK(run.workers.world == 1,
               "TrainOptions::cuda_graphs: one worker only for now (DDP's collectives are "
               "not captured); use --nproc 1, or drop --cuda-graphs (docs/gpu.md)");
-  GradScalerOptions scaler = run.amp.scaler().options();
-  if (!run.amp.checks_overflow()) scaler.enabled(true).init_scale(1.0).dynamic(false);
-  auto forward = [&run](const torch::Tensor& data, const torch::Tensor& target) {
-    const auto logits = run.amp.forward(run.model, data).to(torch::kFloat32);
-    const auto loss = classification_loss(logits, target);
-    return detail::GraphedTrainStep::Outputs{logits, loss, maybe_inject_inf(run, loss)};
-  };
-  const bool capture = !run.faults.uncaptured_graph_step;
-  auto graphed = std::make_unique<detail::GraphedTrainStep>(forward, run.optimizer, scaler,
-                                                            run.o.max_consecutive_skips(), capture);
-  // A resumed run's scale and growth tracker, which the checkpoint put in Amp's scaler.
-  if (run.amp.checks_overflow()) graphed->scaler().load_state_dict(run.amp.scaler().state_dict());
-  run.graphed_read.loss_scale = graphed->scaler().get_scale();
-  run.graphed_skipped_base = run.position.skipped_total - graphed->scaler().skipped_steps();
-  return graphed;
-}
-
-// The device's sums since the last read into the epoch's sums, and the last step as StepResult says it.
-StepResult read_graphed(Run& run) {
-  run.graphed_read = run.graphed->read();  // a host synchronisation
-  const auto& r = run.graphed_read;
-  run.sums.loss_sum += r.loss_sum;
-  run.sums.correct += r.correct;
-  run.sums.seen += r.seen;
-  run.position.skipped_total = run.graphed_skipped_base + r.skipped_total;
-  StepResult step;
-  step.loss = r.last_loss;
-  step.stepped = r.consecutive_overflows == 0;
-  return step;
-}
-
-// Divergence as check_divergence() sees it: the device watched the rules step by step (SkipWatch), and a
-// read tells the first step that broke one, also where a finite step followed before the read.
-void check_graphed_divergence(Run& run, const StepResult& step) {
-  if (std::isfinite(step.loss)) run.last_finite_loss = step.loss, run.last_finite_loss_step = run.position.global_step;
-  run.skips_in_a_row = run.graphed_read.consecutive_overflows;
-  const auto& broke = run.graphed_read.first_break;
-  if (!broke) return;
-  const int64_t limit = run.o.max_consecutive_skips();
-  const int64_t step_of_break = run.position.global_step - (run.graphed_read.steps - broke->step);
-  stop_diverged(run, broken_skip_rule(limit, broke->in_a_row, broke->recent_skips, std::min(broke->step, 2 * limit),
-                                      step_of_break));
-}
-
-// train_batches() with the graphed step: the host reads the device only every log_every steps, at the
-// epoch's end, at the step limit and before a checkpoint.
-void train_batches_graphed(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBar* bar) {
-  const auto& o = run.o;
-  Throughput meter;
-  run.clock.restart();
-  while (const auto next = batches.next()) {
-    run.clock.lap(StepPhase::kData);
-    run.graphed->step(next->data, next->target,
-                      scheduled_lr(o, epoch, steps_taken(run.position)));  // the lr is the epoch's
-    run.clock.lap(StepPhase::kForward);                                    // the whole step: one graph
-    ++run.position.global_step;
-    if (run.faults.kill_at_step == run.position.global_step) std::raise(SIGKILL);
-    dist::report_progress(run.position.global_step);
-    ++meter.steps;
-    const bool epoch_end = batches.position() == batches.num_batches(), stop = reached_step_limit(run);
-    const bool saves = saves_mid_epoch(run, epoch_end, stop);
-    if (run.position.global_step % o.log_every() == 0 || epoch_end || stop || saves) {
-      const StepResult step = read_graphed(run);
-      meter.update(true, run.per_rank_batch);
-      if (run.metrics) log_step(run, epoch, step, meter.images_per_sec);
-      if (bar)
-        bar->update(batches.position(), meter.images_per_sec, step.loss, run.loss_scale(), run.position.skipped_total);
-      check_graphed_divergence(run, step);
-    }
-    if (saves) save(run, epoch, batches.position());  // after a read: the sums and the scale are the step's
-    ++run.phases.steps;
-    run.clock.lap(StepPhase::kBookkeeping);
-    if (stop) break;
-  }
+  if (run.faults.uncaptured_graph_step) return nullptr;
+  return std::make_unique<detail::GraphedTrainStep>([&run](const torch::Tensor& data, const torch::Tensor& target) {
+    run.tally.add(train_step(run, data, target), target);
+  });
 }
 
 // One epoch; false when TrainOptions::steps stopped it before its end (the checkpoint written
@@ -1122,10 +1168,7 @@ bool run_epoch(Run& run, int64_t epoch, bool tty) {
   bool whole_epoch = false;
   {
     BatchPrefetcher batches(indexed, batch_loading(run));  // stopped before the evaluation
-    if (run.graphed)
-      train_batches_graphed(run, epoch, batches, bar ? &*bar : nullptr);
-    else
-      train_batches(run, epoch, batches, bar ? &*bar : nullptr);
+    train_batches(run, epoch, batches, bar ? &*bar : nullptr);
     whole_epoch = batches.position() == batches.num_batches();
   }
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
@@ -1152,6 +1195,7 @@ void open_outputs(Run& run) {
   if (run.data.unigram_loss)
     run.say(fmt::format("ampp train: the validation text's unigram baseline loss is {:.4f} (perplexity {:.2f})",
                         *run.data.unigram_loss, std::exp(*run.data.unigram_loss)));
+  if (!run.data_placement.empty()) run.say(run.data_placement);
   if (!run.communication.empty()) run.say(run.communication);
   if (run.fsdp)
     run.say(
@@ -1195,7 +1239,11 @@ Summary summarize(const Run& run) {
   s.test_loss = run.last_eval.loss;
   s.train_loss = run.last_train_loss;
   s.seconds = run.elapsed();
-  s.images_per_sec = s.seconds > 0 ? s.steps * run.per_rank_batch * run.workers.world / s.seconds : 0;
+  const auto images_per_step = static_cast<double>(run.per_rank_batch * run.workers.world);
+  s.wall_images_per_sec = s.seconds > 0 ? static_cast<double>(s.steps) * images_per_step / s.seconds : 0;
+  s.steady_steps = run.steady.seconds > 0 ? run.steady.steps : 0;
+  s.images_per_sec = s.steady_steps > 0 ? static_cast<double>(run.steady.steps) * images_per_step / run.steady.seconds
+                                        : s.wall_images_per_sec;
   if (run.data.train.tokens) {
     s.tokens_per_sec = s.images_per_sec * static_cast<double>(run.data.train.images.size(1));
     s.unigram_loss = run.data.unigram_loss;
@@ -1376,10 +1424,10 @@ Summary train(const TrainOptions& options) {
   if (options.doctor() && run.workers.leader()) run.ranges.emplace();
   if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
+  run.reads_every_step = (!run.device.is_cuda() && !run.faults.uncaptured_graph_step) || options.doctor();
   if (options.cuda_graphs()) {
     run.graphed = make_graphed_step(run);
-    run.say(fmt::format("CUDA graphs: each step is one graph replay; the loss and accuracy are read every {} steps",
-                        options.log_every()));
+    run.say("CUDA graphs: each step is one graph replay");
   }
   run.epochs_done = run.position.epoch;
   run.model->train();

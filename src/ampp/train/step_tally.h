@@ -1,0 +1,57 @@
+#pragma once
+// Internal to ampp: what `ampp train`'s steps leave on the device between two reads. Each step adds its
+// loss, its correct predictions and its skip flag there, with tensor operations only (a CUDA graph
+// captures them), and the divergence rules watch the skips step by step (SkipWatch). The trainer reads
+// it (one host synchronisation) every TrainOptions::log_every steps, at an epoch's end, before a
+// checkpoint and wherever it must know at once (on the CPU, where a read costs nothing, every step).
+#include "skip_watch.h"
+
+#include <torch/torch.h>
+
+#include <optional>
+
+namespace ampp::train::detail {
+
+// Of a batch's predictions (argmax over the last dimension), those equal to `target`: 0-dim int64, where
+// the logits are.
+inline torch::Tensor correct_prediction_count(const torch::Tensor& logits, const torch::Tensor& target) {
+  return logits.argmax(-1).eq(target).sum();
+}
+
+class StepTally {
+ public:
+  // One step's results, on the device.
+  struct Step {
+    torch::Tensor logits, loss;  // detached
+    torch::Tensor skipped;       // float32 0-dim, non-zero: the optimizer's step was skipped (inf/NaN)
+  };
+
+  // What the steps since the last read added up, and where the skips stand (host values).
+  struct Readout {
+    double loss_sum = 0;  // each step's loss times its targets
+    double correct = 0;
+    double seen = 0;
+    double last_loss = 0;
+    int64_t skipped = 0;                          // steps skipped since the last read
+    int64_t consecutive_skips = 0;                // of the last steps, in a row (0: the last one stepped)
+    int64_t steps = 0;                            // added since the start
+    std::optional<SkipWatch::Break> first_break;  // the first step that broke a divergence rule
+  };
+
+  // `max_consecutive_skips`: TrainOptions'; its rules are watched on the device (SkipWatch).
+  explicit StepTally(int64_t max_consecutive_skips) : watch_(max_consecutive_skips) {}
+
+  // Adds a step on `target`'s batch. Tensor operations only: capturable.
+  void add(const Step& step, const torch::Tensor& target);
+  // Reads what was added since the last read (and restarts those sums): a host synchronisation.
+  Readout read();
+
+ private:
+  SkipWatch watch_;
+  torch::Tensor loss_sum_, correct_, last_loss_;  // float64, int64, float32: made by the first step
+  torch::Tensor skipped_, consecutive_;           // int64
+  double seen_ = 0;                               // known on the host: the targets of each step
+  int64_t steps_ = 0;
+};
+
+}  // namespace ampp::train::detail
