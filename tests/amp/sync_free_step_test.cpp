@@ -15,11 +15,11 @@
 #include <limits>
 #include <set>
 
+namespace sync_free_test {
+
 using ampp::Properties;
 using ampp_test::RefCnn;
 using ampp_test::SyntheticImages;
-
-namespace {
 
 constexpr int64_t kSide = 12, kBatch = 32, kSteps = 10;
 const std::set<int64_t> kInfSteps{2, 6, 7};
@@ -61,9 +61,10 @@ Result train(const Properties& props, bool fused) {
   return r;
 }
 
-}  // namespace
+}  // namespace sync_free_test
 
 TEST(AmpSyncFree, AFusedOptimizersStepReadsNothingAndSkipsAsTheHostPathDoes) {
+  using namespace sync_free_test;
   if (!AMPP_TORCH_AT_LEAST(2, 4)) GTEST_SKIP() << "ATen's fused optimizer kernels need LibTorch 2.4 or newer";
   at::set_num_threads(1);
   for (const auto& props : {Properties("O1").dtype(torch::kHalf), Properties("O2").dtype(torch::kHalf),
@@ -87,6 +88,7 @@ TEST(AmpSyncFree, AFusedOptimizersStepReadsNothingAndSkipsAsTheHostPathDoes) {
 // A skipped step's inf/NaN gradients stay in place with a fused optimizer (apex drops them at once); a
 // backward that accumulates onto them without zero_grad() must not carry them into the next step.
 TEST(AmpSyncFree, AccumulatingOntoASkippedStepsGradientsDropsThemFirst) {
+  using ampp::Properties;
   if (!AMPP_TORCH_AT_LEAST(2, 4)) GTEST_SKIP() << "ATen's fused optimizer kernels need LibTorch 2.4 or newer";
   auto lin = torch::nn::Linear(4, 2);
   ampp::FusedSGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));

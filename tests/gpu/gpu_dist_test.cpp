@@ -1,6 +1,7 @@
 // ampp's data parallelism on a real GPU, where one GPU allows it: world size 1 over NCCL (and over Gloo
 // on CUDA tensors). DDP, ZeRO-1, FSDP and SyncBatchNorm must then train exactly as the same model without them
-// (a sum over one rank is the value itself), so these compare bit for bit with plain training on the GPU.
+// (a sum over one rank is the value itself), so these compare bit for bit with plain training on the GPU,
+// under cuDNN's deterministic algorithms (first: plain training twice is the same bits).
 // More ranks need more GPUs (NCCL refuses two ranks on one GPU); `ampp train --nproc 2 --device cuda`
 // (Gloo, one GPU shared) runs in scripts/gpu-check.sh's train step.
 #include <ampp/dist/ddp.h>
@@ -72,11 +73,13 @@ std::vector<torch::Tensor> parameters_on_host(const torch::nn::Sequential& net) 
 // Four SGD steps of `net` through `forward`, with `opt`; the parameters after them.
 template <typename Forward>
 std::vector<torch::Tensor> train4(torch::nn::Sequential& net, torch::optim::Optimizer& opt, Forward forward) {
+  ampp_gpu_test::DeterministicCudnn same_bits;
   four_steps(opt, forward);
   return parameters_on_host(net);
 }
 
 std::vector<torch::Tensor> plain_training() {
+  ampp_gpu_test::DeterministicCudnn same_bits;
   auto net = small_net(false);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   return train4(net, opt, [&](const torch::Tensor& x) { return net->forward(x); });
@@ -89,6 +92,12 @@ void expect_same(const std::vector<torch::Tensor>& got, const std::vector<torch:
 }
 
 }  // namespace
+
+// The reference of every test below: the same bits each time it runs.
+TEST(GpuDist, PlainTrainingIsRepeatableBitForBit) {
+  AMPP_REQUIRE_GPU();
+  expect_same(plain_training(), plain_training(), "plain training run twice");
+}
 
 // init_process_group("nccl") at world size 1 reduces CUDA tensors; Gloo reduces them too.
 TEST(GpuDist, NcclAndGlooReduceCudaTensorsAtWorldSizeOne) {
@@ -169,6 +178,7 @@ TEST(GpuDist, FsdpAtWorldSizeOneTrainsAsPlainTrainingOverNcclAndGloo) {
     ampp::dist::FullyShardedDataParallel fsdp(net.ptr(), {}, ampp::dist::FullyShardOptions().process_group(group.pg()));
     for (const auto& shard : fsdp.parameters()) ASSERT_TRUE(shard.is_cuda()) << backend;
     torch::optim::SGD opt(fsdp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    ampp_gpu_test::DeterministicCudnn same_bits;
     four_steps(opt, [&](const torch::Tensor& x) { return fsdp.forward<torch::nn::SequentialImpl>(x); });
     fsdp.unshard();  // the whole model back in the module (which holds no memory between steps), to compare
     expect_same(parameters_on_host(net), want, "FSDP " + backend);

@@ -25,6 +25,27 @@ inline std::string no_gpu_reason() {
 // Raises a c10::Error at any synchronising CUDA call (c10's sync debug mode) while alive.
 using ampp::ErrorOnCudaSync;
 
+// cuDNN's deterministic algorithms and no benchmark mode while alive, so that the same training run twice
+// gives the same bits: with the autotuner on, two runs may pick different weight-gradient algorithms,
+// which sum in different orders.
+class DeterministicCudnn {
+ public:
+  DeterministicCudnn()
+      : deterministic_(at::globalContext().deterministicCuDNN()), benchmark_(at::globalContext().benchmarkCuDNN()) {
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
+  ~DeterministicCudnn() {
+    at::globalContext().setDeterministicCuDNN(deterministic_);
+    at::globalContext().setBenchmarkCuDNN(benchmark_);
+  }
+  DeterministicCudnn(const DeterministicCudnn&) = delete;
+  DeterministicCudnn& operator=(const DeterministicCudnn&) = delete;
+
+ private:
+  bool deterministic_, benchmark_;
+};
+
 }  // namespace ampp_gpu_test
 
 #define AMPP_REQUIRE_GPU() \

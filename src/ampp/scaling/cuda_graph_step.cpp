@@ -173,7 +173,11 @@ void CudaGraphStep::capture() {
   wait_for(graph_->side, current);
   {
     c10::cuda::CUDAStreamGuard on_side(graph_->side);
-    graph_->graph.capture_begin();
+    // Thread-local mode: only this thread's calls are checked against the capture. In the global mode a
+    // call that CUDA forbids during any capture, made on another thread (a loader thread pinning host
+    // memory: cudaHostAlloc), invalidates it: the likely cause of `ampp train --cuda-graphs`'s "cuDNN
+    // error: CUDNN_STATUS_EXECUTION_FAILED" on 2026-11-28, when its batches were pinned by such a thread.
+    graph_->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
     try {
       output_ = step_();
     } catch (const std::exception& e) {  // whatever the step threw, the stream must leave capture mode

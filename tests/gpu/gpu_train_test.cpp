@@ -1,0 +1,169 @@
+// `ampp train --device cuda` on a real GPU: the eager step reads nothing on the host between two log points
+// at every opt level (c10's sync debug mode set to error around each step), the graphed trainer trains as
+// the eager one at every opt level and resumes from its checkpoints, and two workers share one GPU with
+// DDP, SyncBatchNorm, ZeRO, FSDP and resume against one worker on the same global batch.
+#include <ampp/train/options.h>
+#include <ampp/train/trainer.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ampp/train/fault_injection.h"
+#include "gpu_test_util.h"
+#ifdef AMPP_CLI
+#include "train/train_cli.h"
+#endif
+
+namespace gpu_train_test {
+
+namespace fs = std::filesystem;
+using ampp::OptLevel;
+using ampp::train::Summary;
+using ampp::train::TrainOptions;
+using ampp::train::detail::FaultInjection;
+
+struct Precision {
+  std::string name;
+  OptLevel level;
+  c10::ScalarType dtype;
+};
+
+const std::vector<Precision>& every_level() {
+  static const std::vector<Precision> levels{{"O0 fp32", OptLevel::O0, torch::kFloat},
+                                             {"O1 fp16", OptLevel::O1, torch::kHalf},
+                                             {"O1 bf16", OptLevel::O1, torch::kBFloat16},
+                                             {"O2 fp16", OptLevel::O2, torch::kHalf},
+                                             {"O2 bf16", OptLevel::O2, torch::kBFloat16},
+                                             {"O3 bf16", OptLevel::O3, torch::kBFloat16}};
+  return levels;
+}
+
+// 4096 synthetic images in batches of 256: 16 steps an epoch, read every 8.
+TrainOptions gpu_run(const fs::path& dir, const Precision& p) {
+  return TrainOptions()
+      .data("synthetic:4096")
+      .device("cuda")
+      .opt_level(p.level)
+      .dtype(p.dtype)
+      .batch_size(256)
+      .epochs(2)
+      .log_every(8)
+      .cudnn_benchmark(false)
+      .progress(false)
+      .plots(false)
+      .out((dir / "out").string());
+}
+
+// The faults of the next runs in this process: every step under the sync debug mode's error, and an inf
+// loss at step 5 (a skipped step, decided on the device).
+FaultInjection sync_is_an_error(int, int, bool) {
+  FaultInjection f;
+  f.error_on_sync = true;
+  f.inf_steps = {5};
+  return f;
+}
+FaultInjection no_faults(int, int, bool) { return {}; }
+
+struct FaultsFor {
+  explicit FaultsFor(ampp::train::detail::FaultSource source) { ampp::train::detail::set_fault_source(source); }
+  ~FaultsFor() { ampp::train::detail::set_fault_source(no_faults); }
+};
+
+void expect_same_training(const Summary& got, const Summary& want, const std::string& what) {
+  EXPECT_EQ(got.steps, want.steps) << what;
+  EXPECT_EQ(got.skipped_steps, want.skipped_steps) << what;
+  EXPECT_EQ(got.final_scale, want.final_scale) << what;
+  EXPECT_NEAR(got.train_loss, want.train_loss, 1e-6 * std::abs(want.train_loss)) << what;
+  EXPECT_NEAR(got.test_loss, want.test_loss, 1e-6 * std::abs(want.test_loss)) << what;
+}
+
+}  // namespace gpu_train_test
+
+using namespace gpu_train_test;
+
+TEST(GpuTrain, TheEagerStepReadsNothingOnTheHostBetweenLogPointsAtEveryOptLevel) {
+  AMPP_REQUIRE_GPU();
+  for (const auto& p : every_level()) {
+    SCOPED_TRACE(p.name);
+    ampp_test::TempDir tmp;
+    const FaultsFor faults(sync_is_an_error);
+    Summary s;
+    ASSERT_NO_THROW(s = ampp::train::train(gpu_run(tmp.path(), p)));
+    EXPECT_EQ(s.steps, 32);
+    EXPECT_EQ(s.skipped_steps, 1) << "the inf at step 5, skipped on the device";
+    EXPECT_TRUE(std::isfinite(s.train_loss));
+    EXPECT_GT(s.test_accuracy, 50.0);
+  }
+}
+
+TEST(GpuTrain, TheGraphedTrainerTrainsAsTheEagerOneAtEveryOptLevel) {
+  AMPP_REQUIRE_GPU();
+  ampp_gpu_test::DeterministicCudnn same_bits;
+  for (const auto& p : every_level()) {
+    SCOPED_TRACE(p.name);
+    ampp_test::TempDir tmp;
+    const Summary eager = ampp::train::train(gpu_run(tmp.path() / "eager", p));
+    const Summary graphed = ampp::train::train(gpu_run(tmp.path() / "graphed", p).cuda_graphs(true));
+    expect_same_training(graphed, eager, p.name);
+  }
+}
+
+TEST(GpuTrain, TheGraphedTrainerResumesFromItsCheckpointsAsIfNeverStopped) {
+  AMPP_REQUIRE_GPU();
+  ampp_gpu_test::DeterministicCudnn same_bits;
+  for (const auto& p : {every_level()[1], every_level()[3]}) {
+    SCOPED_TRACE(p.name);
+    ampp_test::TempDir tmp;
+    auto run = [&](const std::string& dir) {
+      return gpu_run(tmp.path() / dir, p).cuda_graphs(true).checkpoint_dir((tmp.path() / dir / "ckpt").string());
+    };
+    const Summary whole = ampp::train::train(run("whole"));
+    ampp::train::train(run("resumed").steps(20));  // stopped mid-epoch, in the second epoch
+    const Summary resumed = ampp::train::train(run("resumed").resume(true));
+    expect_same_training(resumed, whole, p.name);
+  }
+}
+
+#ifdef AMPP_CLI
+namespace gpu_train_test {
+
+// `ampp train` on the GPU with `workers` processes (which share the one GPU) and the flags; the summary.
+nlohmann::json cli_run(const fs::path& dir, int workers, const std::string& flags) {
+  const auto r = ampp_test::run_ampp("train --device cuda --data synthetic:4096 --batch-size 256 --epochs 2 "
+                                     "--log-every 8 --no-cudnn-benchmark --quiet --no-plots --nproc " +
+                                     std::to_string(workers) + " --out " + (dir / "out").string() + " " + flags);
+  EXPECT_EQ(r.code, 0) << flags << "\n" << r.output;
+  std::ifstream in(dir / "out" / "summary.json");
+  return in ? nlohmann::json::parse(in) : nlohmann::json::object();
+}
+
+double test_loss(const nlohmann::json& summary) { return summary.value("test_loss", std::nan("")); }
+
+}  // namespace gpu_train_test
+
+// Two workers on one GPU against one worker on the same global batch: SyncBatchNorm makes their batch
+// statistics the whole batch's, so they train the same model within rounding; ZeRO and FSDP change no
+// value of DDP's step; each resumes from its checkpoints as if never stopped.
+TEST(GpuTrainCli, TwoWorkersOnOneGpuTrainAsOneWorkerWithEveryDistributedFlag) {
+  AMPP_REQUIRE_GPU();
+  ampp_test::TempDir tmp;
+  const auto one = cli_run(tmp.path() / "one", 1, "--opt-level O0");
+  const auto sync_bn = cli_run(tmp.path() / "sync-bn", 2, "--opt-level O0 --sync-bn");
+  EXPECT_NEAR(test_loss(sync_bn), test_loss(one), 1e-3 * test_loss(one)) << "SyncBatchNorm over two workers";
+  const auto ddp = cli_run(tmp.path() / "ddp", 2, "--opt-level O1 --dtype bf16");
+  for (const std::string flags : {"--zero", "--fsdp"}) {
+    const auto sharded = cli_run(tmp.path() / flags.substr(2), 2, "--opt-level O1 --dtype bf16 " + flags);
+    EXPECT_NEAR(test_loss(sharded), test_loss(ddp), 1e-3 * test_loss(ddp)) << flags;
+  }
+  const std::string o2 = "--opt-level O2 --dtype fp16 --sync-bn --zero --checkpoint-dir ";
+  const auto whole = cli_run(tmp.path() / "whole", 2, o2 + (tmp.path() / "whole-ckpt").string());
+  cli_run(tmp.path() / "resumed", 2, o2 + (tmp.path() / "resumed-ckpt").string() + " --steps 20");
+  const auto resumed = cli_run(tmp.path() / "resumed", 2, o2 + (tmp.path() / "resumed-ckpt").string() + " --resume");
+  EXPECT_EQ(resumed.value("steps", 0), whole.value("steps", -1));
+  EXPECT_NEAR(test_loss(resumed), test_loss(whole), 1e-6 * test_loss(whole)) << "O2, SyncBatchNorm, ZeRO, resumed";
+}
+#endif
