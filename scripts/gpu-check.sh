@@ -7,9 +7,9 @@
 #                                   protobuf (protoc and the lite runtime) and the boost headers that
 #                                   boost/crc.hpp needs. About 15 MB; it travels with the working tree
 #                                   (the device tool: carry ["gpu-kit"]).
-#   scripts/gpu-check.sh run OUT    there: builds ampp's library (util to dist: AMPP_BUILD_TRAIN=OFF, no
-#                                   protobuf or boost needed) and the GPU suite against the torch of that
-#                                   machine's python3 (or AMPP_PYTHON), runs the suite (each test against
+#   scripts/gpu-check.sh run OUT    there: builds ampp's library (with the train layer and the CLI, which
+#                                   the suite's `ampp train` tests drive) and the GPU suite against the torch
+#                                   of that machine's python3 (or AMPP_PYTHON), runs the suite (each test against
 #                                   Python torch on the same GPU), one process per test, and writes to OUT:
 #                                   summary.txt (nvidia-smi, results), build.log, gpu_tests.log, fp16_emulation.md.
 #   scripts/gpu-check.sh bench OUT  there: the GPU benchmark against Python torch (bench/gpu/compare.py):
@@ -17,7 +17,7 @@
 #                                   second call on the same warm machine runs only the cases not run yet.
 #   scripts/gpu-check.sh train OUT  there: `ampp train --device cuda` (below): train-runs.log.
 #   scripts/gpu-check.sh all OUT    the three, most important first, in one call of the device tool that ends
-#                                   within AMPP_GPU_CHECK_S (default 540 s): 7 files, inside the tool's 8.
+#                                   within AMPP_GPU_CHECK_S (default 540 s): 8 files, the tool's most.
 # Took 111 s on a 16-core H100 machine (80 s to configure and build); docs/gpu.md has its results.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -69,7 +69,7 @@ run() {
   "$python" -c "import torch; print('python torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)" \
     | tee -a "$out/summary.txt"
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAMPP_TORCH=wheel \
-    -DAMPP_PYTHON="$python" -DCMAKE_PREFIX_PATH="$kit/usr" -DAMPP_BUILD_TRAIN=OFF -DAMPP_BUILD_TOOLS=OFF \
+    -DAMPP_PYTHON="$python" -DCMAKE_PREFIX_PATH="$kit/usr" -DProtobuf_PROTOC_EXECUTABLE="$kit/usr/bin/protoc-kit" \
     -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
   cmake --build "$build" -j "$(nproc)" --target ampp_gpu_tests >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
   echo "gpu-check: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
@@ -132,27 +132,36 @@ print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_acc
 train() {
   local out=${1:?usage: scripts/gpu-check.sh train OUT}
   local python=${AMPP_PYTHON:-$(command -v python3)} build=${AMPP_BUILD_DIR:-$root/build-gpu-train}
-  build_full "$build" "$out" ampp_cli "$python" summary.txt
-  local precision device failed=0
-  for precision in "--opt-level O0" "--opt-level O1 --dtype bf16" "--opt-level O1 --dtype fp16"; do
-    # The CPU with one worker: --nproc auto would first measure every layout of that machine's cores.
-    # --cuda-graphs: each step one graph replay, against the eager step above it.
-    for device in "cuda" "cuda --nproc 1 --cuda-graphs" "cpu --nproc 1"; do
-      train_once "$out" "$build" "$python" "--device $device $precision" || failed=1
-    done
+  if [ -z "${AMPP_BUILD_DIR:-}" ] && [ -x "$root/build-gpu/bin/ampp" ]; then
+    build=$root/build-gpu  # the suite's build (RelWithDebInfo, -O2) has the CLI already: no second build
+    echo "gpu-check: ampp train from the GPU suite's build ($build)" | tee -a "$out/summary.txt"
+  else
+    build_full "$build" "$out" ampp_cli "$python" summary.txt
+  fi
+  local failed=0 left
+  # The main job against its Python twin on this GPU (bench/peer/compare_gpu.py): eager and --cuda-graphs
+  # at each opt level, the cnn first, then the resnet, while 60 s of the call are left for the runs below.
+  left=$(( $(seconds_left) - 60 ))
+  if [ "$left" -ge 30 ]; then
+    timeout -k 5 "$(( left + 40 ))" "$python" "$root/bench/peer/compare_gpu.py" --ampp "$build/bin/ampp" --python "$python" \
+      --rounds 1 --images 16384 --budget-s "$left" > "$out/peer_gpu.md" 2>&1 || failed=1
+    grep -E "^\||^left out|^\`" "$out/peer_gpu.md" | tee -a "$out/summary.txt" || true
+  else
+    echo "peer comparison: not run (the call's time is spent)" | tee -a "$out/summary.txt"
+  fi
+  # What the GPU suite's `ampp train` tests do not time: the CPU's cores on the same job, the distributed
+  # flags with two workers sharing the GPU, the doctor, and `ampp bench`.
+  local flags
+  for flags in "--device cpu --nproc 1 --opt-level O1 --dtype bf16" \
+    "--device cuda --nproc 2 --opt-level O1 --dtype bf16 --sync-bn --zero" \
+    "--device cuda --nproc 2 --opt-level O1 --dtype bf16 --fsdp" \
+    "--device cuda --opt-level O1 --dtype fp16 --doctor"; do
+    train_once "$out" "$build" "$python" "$flags" || failed=1
   done
-  # The batches prepared on the step's thread and stream, against the loader thread above (bf16, eager).
-  train_once "$out" "$build" "$python" "--device cuda --opt-level O1 --dtype bf16 --no-prefetch" || failed=1
-  # Two workers sharing the GPU: DDP over Gloo on CUDA tensors, one GPU per local rank modulo the GPUs.
-  train_once "$out" "$build" "$python" "--device cuda --nproc 2 --opt-level O1 --dtype bf16" || failed=1
-  # SyncBatchNorm and ZeRO with two workers on the GPU: through the run's Gloo group.
-  train_once "$out" "$build" "$python" "--device cuda --nproc 2 --opt-level O1 --dtype bf16 --sync-bn --zero" || failed=1
-  # The numerics doctor on a GPU: its range report copies each step's gradients to the host.
-  train_once "$out" "$build" "$python" "--device cuda --opt-level O1 --dtype fp16 --doctor" || failed=1
-  # `ampp bench` on the GPU: the opt levels against O0, and the fused unscale against a copy.
+  # `ampp bench` on the GPU: the opt levels against O0, and the fused unscale against a flat copy.
   { [ "$(seconds_left)" -ge 30 ] && timeout -k 5 "$(seconds_left)" "$build/bin/ampp" bench --device cuda --models mlp cnn > "$build/bench.txt" 2>&1 &&
-      tail -4 "$build/bench.txt" | tee -a "$out/summary.txt"; } ||
-    { echo "ampp bench --device cuda: failed" | tee -a "$out/summary.txt"; failed=1; }
+      tail -13 "$build/bench.txt" | tee -a "$out/summary.txt"; } ||
+    { echo "ampp bench --device cuda: failed or not run" | tee -a "$out/summary.txt"; failed=1; }
   cat "$build/bench.txt" >> "$out/train-runs.log" 2>/dev/null || true
   return $failed
 }
@@ -179,16 +188,16 @@ bench() {
   return $code
 }
 
-# The three in one call of the device tool (one machine start), most important first: the GPU suite, the
-# benchmark (until 120 s are left, which `train` needs after its build), then `ampp train`, each run while
-# time is left. Each goes on if another fails.
+# The three in one call of the device tool (one machine start), most important first: the GPU suite (until
+# 240 s are left), `ampp train` against its Python twin and with every flag (until 90 s are left), then
+# the benchmark, each run while time is left. Each goes on if another fails.
 all() {
   local out=${1:?usage: scripts/gpu-check.sh all OUT} code=0
   AMPP_GPU_CHECK_END=${AMPP_GPU_CHECK_END:-$(( $(date +%s) + ${AMPP_GPU_CHECK_S:-540} ))}
   export AMPP_GPU_CHECK_END
-  (run "$out") || code=1
-  (AMPP_GPU_BENCH_RESERVE_S=120 bench "$out") || code=1
-  (train "$out") || code=1
+  (AMPP_GPU_CHECK_END=$(( AMPP_GPU_CHECK_END - 240 )) run "$out") || code=1
+  (AMPP_GPU_CHECK_END=$(( AMPP_GPU_CHECK_END - 90 )) train "$out") || code=1
+  (bench "$out") || code=1
   echo "gpu-check all: $(seconds_left) s of the call left, exit code $code" | tee -a "$out/summary.txt"
   return $code
 }
