@@ -3,7 +3,7 @@
 
 namespace ampp::train::detail {
 
-void StepTally::add(const Step& step, const torch::Tensor& target) {
+void StepTally::add_on_device(const Step& step, const torch::Tensor& target) {
   torch::NoGradGuard no_grad;
   const auto on = step.loss.options();
   if (!loss_sum_.defined()) {  // made by the first (eager) step, before any capture
@@ -23,8 +23,6 @@ void StepTally::add(const Step& step, const torch::Tensor& target) {
   const torch::Tensor was_skipped = skipped.ne(0);
   skipped_.add_(was_skipped);
   consecutive_.add_(1).mul_(was_skipped);
-  seen_ += static_cast<double>(target.numel());
-  ++steps_;
 }
 
 StepTally::Readout StepTally::read() {

@@ -41,8 +41,18 @@ class StepTally {
   // `max_consecutive_skips`: TrainOptions'; its rules are watched on the device (SkipWatch).
   explicit StepTally(int64_t max_consecutive_skips) : watch_(max_consecutive_skips) {}
 
-  // Adds a step on `target`'s batch. Tensor operations only: capturable.
-  void add(const Step& step, const torch::Tensor& target);
+  // Adds a step on `target`'s batch: add_on_device() and count().
+  void add(const Step& step, const torch::Tensor& target) {
+    add_on_device(step, target);
+    count(target.numel());
+  }
+  // The device's part: tensor operations only, which a CUDA graph captures and each replay repeats.
+  void add_on_device(const Step& step, const torch::Tensor& target);
+  // The host's part, once per step whether it ran eagerly or as a replay: its targets.
+  void count(int64_t targets) {
+    seen_ += static_cast<double>(targets);
+    ++steps_;
+  }
   // Reads what was added since the last read (and restarts those sums): a host synchronisation.
   Readout read();
 

@@ -860,10 +860,12 @@ void run_step(Run& run, const Batch& batch, double lr) {
   detail::set_lr(run.optimizer, lr);
   std::optional<ErrorOnCudaSync> no_sync;  // a GPU test's proof that the step reads nothing on the host
   if (run.faults.error_on_sync) no_sync.emplace();
-  if (run.graphed && steps_taken(run.position) >= run.o.warmup_steps())
+  if (run.graphed && steps_taken(run.position) >= run.o.warmup_steps()) {
     run.graphed->step(batch.data, batch.target, lr);
-  else
+    run.tally.count(batch.target.numel());  // a replay does no host work of its own
+  } else {
     run.tally.add(train_step(run, batch.data, batch.target), batch.target);
+  }
 }
 
 void count_step(Run& run) {
@@ -1154,7 +1156,7 @@ std::unique_ptr<detail::GraphedTrainStep> make_graphed_step(Run& run) {
               "not captured); use --nproc 1, or drop --cuda-graphs (docs/gpu.md)");
   if (run.faults.uncaptured_graph_step) return nullptr;
   return std::make_unique<detail::GraphedTrainStep>([&run](const torch::Tensor& data, const torch::Tensor& target) {
-    run.tally.add(train_step(run, data, target), target);
+    run.tally.add_on_device(train_step(run, data, target), target);
   });
 }
 
