@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 BEGIN, END = "<!-- layer-graph:begin -->", "<!-- layer-graph:end -->"
 # Folders outside src/ and include/ that belong to a layer (their private headers are allowed).
-SUITE_LAYER = {"launcher": "dist", "oracle": None, "examples": None, "tools": None, "fuzz": None}
+SUITE_LAYER = {"launcher": "dist", "gpu": "train", "oracle": None, "examples": None, "tools": None, "fuzz": None}
 INTERNAL_MARKER = "// Internal to ampp"
 THIRD_PARTY_IN_API = re.compile(r"^(fmt|nlohmann|google/protobuf)/")
 

@@ -92,7 +92,8 @@ TEST(AmpSyncFree, AccumulatingOntoASkippedStepsGradientsDropsThemFirst) {
   if (!AMPP_TORCH_AT_LEAST(2, 4)) GTEST_SKIP() << "ATen's fused optimizer kernels need LibTorch 2.4 or newer";
   auto lin = torch::nn::Linear(4, 2);
   ampp::FusedSGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
-  auto amp = ampp::initialize(lin.ptr(), opt, Properties("O1").dtype(torch::kBFloat16).loss_scale("dynamic").verbosity(0));
+  auto amp =
+      ampp::initialize(lin.ptr(), opt, Properties("O1").dtype(torch::kBFloat16).loss_scale("dynamic").verbosity(0));
   const auto x = torch::ones({3, 4});
   amp.scale_loss(lin->forward(x).sum() * std::numeric_limits<float>::infinity()).backward();
   amp.step();  // skipped on the device

@@ -33,12 +33,10 @@ struct Precision {
 };
 
 const std::vector<Precision>& every_level() {
-  static const std::vector<Precision> levels{{"O0 fp32", OptLevel::O0, torch::kFloat},
-                                             {"O1 fp16", OptLevel::O1, torch::kHalf},
-                                             {"O1 bf16", OptLevel::O1, torch::kBFloat16},
-                                             {"O2 fp16", OptLevel::O2, torch::kHalf},
-                                             {"O2 bf16", OptLevel::O2, torch::kBFloat16},
-                                             {"O3 bf16", OptLevel::O3, torch::kBFloat16}};
+  static const std::vector<Precision> levels{
+      {"O0 fp32", OptLevel::O0, torch::kFloat},    {"O1 fp16", OptLevel::O1, torch::kHalf},
+      {"O1 bf16", OptLevel::O1, torch::kBFloat16}, {"O2 fp16", OptLevel::O2, torch::kHalf},
+      {"O2 bf16", OptLevel::O2, torch::kBFloat16}, {"O3 bf16", OptLevel::O3, torch::kBFloat16}};
   return levels;
 }
 
@@ -133,9 +131,10 @@ namespace gpu_train_test {
 
 // `ampp train` on the GPU with `workers` processes (which share the one GPU) and the flags; the summary.
 nlohmann::json cli_run(const fs::path& dir, int workers, const std::string& flags) {
-  const auto r = ampp_test::run_ampp("train --device cuda --data synthetic:4096 --batch-size 256 --epochs 2 "
-                                     "--log-every 8 --no-cudnn-benchmark --quiet --no-plots --nproc " +
-                                     std::to_string(workers) + " --out " + (dir / "out").string() + " " + flags);
+  const auto r = ampp_test::run_ampp(
+      "train --device cuda --data synthetic:4096 --batch-size 256 --epochs 2 "
+      "--log-every 8 --no-cudnn-benchmark --quiet --no-plots --nproc " +
+      std::to_string(workers) + " --out " + (dir / "out").string() + " " + flags);
   EXPECT_EQ(r.code, 0) << flags << "\n" << r.output;
   std::ifstream in(dir / "out" / "summary.json");
   return in ? nlohmann::json::parse(in) : nlohmann::json::object();

@@ -17,14 +17,16 @@ using ampp_test::Tiny;
 // Everything a state dict and the counters say, as one comparable string.
 std::string state_of(const GradScaler& s) {
   std::ostringstream out;
-  out << "scale " << s.get_scale() << " tracker " << s.get_growth_tracker() << " hysteresis "
-      << s.hysteresis_tracker() << " skipped " << s.skipped_steps() << " in a row " << s.consecutive_overflows();
+  out << "scale " << s.get_scale() << " tracker " << s.get_growth_tracker() << " hysteresis " << s.hysteresis_tracker()
+      << " skipped " << s.skipped_steps() << " in a row " << s.consecutive_overflows();
   for (const auto& [key, value] : s.state_dict()) out << " " << key << "=" << value;
   return out.str();
 }
 
 // The host rule: at_min_scale kWarn with a patience no script reaches, so it never warns.
-GradScalerOptions on_host(GradScalerOptions o) { return o.at_min_scale(MinScaleAction::kWarn).min_scale_patience(1 << 30); }
+GradScalerOptions on_host(GradScalerOptions o) {
+  return o.at_min_scale(MinScaleAction::kWarn).min_scale_patience(1 << 30);
+}
 GradScalerOptions on_device(GradScalerOptions o) { return o.at_min_scale(MinScaleAction::kIgnore); }
 
 void expect_same_trajectory(const GradScalerOptions& options, const std::string& script) {
@@ -50,10 +52,10 @@ std::string random_script(std::mt19937& rng, size_t n, double p_overflow) {
 TEST(DeviceUpdateRule, FollowsTheHostRuleWithEveryPolicy) {
   const std::vector<std::pair<std::string, GradScalerOptions>> cases{
       {"PyTorch's", GradScalerOptions().init_scale(8).growth_interval(2)},
-      {"apex's cap and floor", GradScalerOptions().init_scale(1 << 10).growth_interval(2).max_scale(1 << 11).min_scale(
-                                   1 << 8)},
-      {"a factor that rounds", GradScalerOptions().init_scale(1000).growth_factor(3.1).backoff_factor(0.3).max_scale(
-                                   5000).growth_interval(1)},
+      {"apex's cap and floor",
+       GradScalerOptions().init_scale(1 << 10).growth_interval(2).max_scale(1 << 11).min_scale(1 << 8)},
+      {"a factor that rounds",
+       GradScalerOptions().init_scale(1000).growth_factor(3.1).backoff_factor(0.3).max_scale(5000).growth_interval(1)},
       {"consecutive hysteresis", GradScalerOptions().init_scale(64).growth_interval(3).hysteresis(3).min_scale(8)},
       {"Megatron's hysteresis",
        GradScalerOptions().init_scale(64).growth_interval(2).hysteresis(2).consecutive_hysteresis(false).min_scale(4)},

@@ -48,8 +48,7 @@ void wait_for(const torch::Device& device) {
 
 // The median over `repeats` rounds of the seconds per call of `body`: a round is `per_round` calls and one
 // wait for the device.
-double median_seconds(int repeats, const std::function<void()>& body, const torch::Device& device,
-                      int per_round = 1) {
+double median_seconds(int repeats, const std::function<void()>& body, const torch::Device& device, int per_round = 1) {
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) {
     auto start = std::chrono::steady_clock::now();
@@ -125,12 +124,15 @@ void print_unscale_bench(const BenchOptions& options, const torch::Device& devic
   const double fused = median_seconds(
       5, [&] { ampp::numerics::non_finite_check_and_unscale_(grads, found_inf, inv_scale); }, device, per_round);
   const double copy = median_seconds(5, [&] { flat.copy_(flat_source); }, device, per_round);
-  const double naive = median_seconds(3, [&] {
-    for (auto& g : grads) {
-      if (!torch::isfinite(g).all().item<bool>()) found_inf.fill_(1);
-      g.mul_(0.5);
-    }
-  }, device);
+  const double naive = median_seconds(
+      3,
+      [&] {
+        for (auto& g : grads) {
+          if (!torch::isfinite(g).all().item<bool>()) found_inf.fill_(1);
+          g.mul_(0.5);
+        }
+      },
+      device);
   fmt::print("\nunscale + inf/NaN check, {} tensors, {} MiB fp32:\n", count, options.unscale_mib);
   fmt::print("  one flat copy of the same bytes (bandwidth limit) {:8.2f} GB/s\n", copy_bytes / copy / 1e9);
   fmt::print("  ampp fused kernel ({:>7}): {:.1f}x the bytes      {:8.2f} GB/s moved, {:.2f}x the copy's time\n",

@@ -202,9 +202,9 @@ class GradScaler {
   // the tensors (a captured CUDA graph goes on updating them: cuda_graph_step.h) and restarts the three
   // that count since the last fold.
   struct OnDeviceCounts {
-    torch::Tensor last_found_inf;                                               // as of the last fused step
+    torch::Tensor last_found_inf;                                              // as of the last fused step
     torch::Tensor consecutive_overflows, hysteresis_tracker, floor_overflows;  // as of the last update
-    torch::Tensor fused_steps, skipped_steps, device_updates;                   // since the last fold
+    torch::Tensor fused_steps, skipped_steps, device_updates;                  // since the last fold
   };
 
   void check_scale_growth_tracker(const char* funcname) const;

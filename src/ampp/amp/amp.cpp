@@ -50,7 +50,8 @@ void step_skipping_on_device(AmpState& st, OptimizerRecord& rec, GradScaleAwareO
   rec.optimizer->step();
   torch::NoGradGuard no_grad;
   const torch::Tensor skipped = rec.skip_flag.gt(0);
-  if (!st.skipped_steps_device.defined()) st.skipped_steps_device = torch::zeros({}, skipped.options().dtype(torch::kLong));
+  if (!st.skipped_steps_device.defined())
+    st.skipped_steps_device = torch::zeros({}, skipped.options().dtype(torch::kLong));
   st.skipped_steps_device.add_(skipped);
   rec.skipped_on_device = rec.skip_flag;
 }

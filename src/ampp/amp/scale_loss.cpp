@@ -19,7 +19,8 @@ using detail::OptimizerRecord;
 // fused optimizer skipped on (inf/NaN, left in place) are dropped, as apex's skip drops them: the
 // unscale pass checks only the new gradients, so kept ones would reach the weights.
 void stash_grads(OptimizerRecord& rec) {
-  const bool drop = rec.skipped_on_device.defined() && rec.skipped_on_device.item<float>() != 0.0F;  // rare: no zero_grad()
+  const bool drop =
+      rec.skipped_on_device.defined() && rec.skipped_on_device.item<float>() != 0.0F;  // rare: no zero_grad()
   rec.skipped_on_device = torch::Tensor();
   for (auto& slot : rec.slots) {
     if (drop) slot.param.mutable_grad() = torch::Tensor();

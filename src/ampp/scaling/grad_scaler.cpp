@@ -83,8 +83,8 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   found_inf_hook_ = other.found_inf_hook_;
   const auto clone = [](const torch::Tensor& t) { return t.defined() ? t.clone() : torch::Tensor(); };
   const OnDeviceCounts& d = other.on_device_;
-  on_device_ = {clone(d.last_found_inf), clone(d.consecutive_overflows), clone(d.hysteresis_tracker),
-                clone(d.floor_overflows),  clone(d.fused_steps),           clone(d.skipped_steps),
+  on_device_ = {clone(d.last_found_inf),  clone(d.consecutive_overflows), clone(d.hysteresis_tracker),
+                clone(d.floor_overflows), clone(d.fused_steps),           clone(d.skipped_steps),
                 clone(d.device_updates)};
   found_inf_last_step_ = other.found_inf_last_step_;
   skipped_steps_ = other.skipped_steps_;
@@ -287,7 +287,7 @@ void GradScaler::update_on_host(const torch::Tensor& found_inf_combined) {
   const bool found = found_inf_combined.item<float>() != 0.0f;
   consecutive_overflows_ = found ? consecutive_overflows_ + 1 : 0;
   if (!found) min_scale_overflows_ = 0;  // they count in a row (PyTorch's kernel path below ignores them)
-  if (!options_.dynamic()) return;  // static loss scale: never changes
+  if (!options_.dynamic()) return;       // static loss scale: never changes
   // ATen's kernel is PyTorch's rule exactly, as long as the backoff stays above kMinLossScale.
   if (plain_pytorch_rule(options_) &&
       !(found && static_cast<float>(scale_.item<float>() * options_.backoff_factor()) < kMinLossScale)) {

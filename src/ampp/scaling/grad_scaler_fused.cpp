@@ -90,8 +90,8 @@ void GradScaler::apply_policy_rule_on_device(const torch::Tensor& overflow) {
   const torch::Tensor lower = (scale * options_.backoff_factor()).to(torch::kFloat).clamp_min(floor_scale());
   const torch::Tensor higher = (scale * options_.growth_factor()).to(torch::kFloat).clamp_max(options_.max_scale());
   scale_.copy_(torch::where(backs_off.logical_and(at_floor.logical_not()), lower, torch::where(grows, higher, scale_)));
-  growth_tracker_.copy_(torch::where(overflow.logical_or(grows), torch::zeros_like(growth_tracker_),
-                                     growth_tracker_ + 1));
+  growth_tracker_.copy_(
+      torch::where(overflow.logical_or(grows), torch::zeros_like(growth_tracker_), growth_tracker_ + 1));
   // Refilled on growth, and with consecutive hysteresis on any finite update (growth is one).
   const torch::Tensor refill = options_.consecutive_hysteresis() ? overflow.logical_not() : grows;
   hysteresis.copy_(torch::where(consumed, hysteresis - 1,

@@ -1,0 +1,186 @@
+#include "run.h"
+#include "workers.h"
+
+namespace ampp::train::detail {
+
+// Builds the run in the order the seeds build it.
+Run::Run(const TrainOptions& options, Workers workers_in)
+    : o(options),
+      workers(std::move(workers_in)),
+      device(worker_device(o, workers)),
+      data(load_dataset(data_spec(o), o.seed(), o.num_classes(),
+                        DataLoading().map_files(o.map_data()).context(context_of(o)))),
+      per_rank_batch(o.batch_size() / workers.world),  // seed 000: int(batch_size / ngpus_per_node)
+      model_options(model_options_for(data.train, o)),
+      model(seeded_model(o, model_options, device)),
+      fsdp(make_fsdp(o, model, workers.pg, device)),
+      optimizer_holder(make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg, device)),
+      optimizer(*optimizer_holder),
+      amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
+      buffer_guard(*model),  // after initialize(), which may cast the buffers
+      sampler(static_cast<size_t>(data.train.size()),
+              dist::DistributedSamplerOptions().num_replicas(workers.world).rank(workers.rank).seed(o.seed())),
+      checkpoint(o.checkpoint_dir().empty() ? "" : checkpoint_path(o)) {
+  TORCH_CHECK(per_rank_batch >= 1, "TrainOptions::batch_size ", o.batch_size(),
+              " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
+  data_placement = place_data(data, device);
+  if (fsdp) amp.set_found_inf_reducer(fsdp->found_inf_hook());  // each rank unscales only its shards
+  if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark() && !o.deterministic());
+}
+
+// Sums a small float64 vector over all ranks (no-op without a group).
+void allreduce_sum(const dist::ProcessGroup& pg, torch::Tensor& t) {
+  if (!pg || pg.size() == 1) return;
+  std::vector<torch::Tensor> v{t};
+  pg.c10d()->allreduce(v)->wait();
+}
+
+EpochSums global_totals(const dist::ProcessGroup& pg, const EpochSums& sums) {
+  auto t = torch::tensor({sums.loss_sum, sums.correct, sums.seen}, torch::kFloat64);
+  allreduce_sum(pg, t);
+  return {t[0].item<double>(), t[1].item<double>(), t[2].item<double>()};
+}
+
+// The opt level's Properties with this run's dtype and loss scale.
+Properties amp_properties(const TrainOptions& o) {
+  Properties props(o.opt_level());
+  if (o.opt_level() != OptLevel::O0) props.dtype(o.dtype());
+  if (o.loss_scale()) props.loss_scale(*o.loss_scale());
+  props.verbosity(0);  // skipped steps are shown by the progress bar and metrics instead
+  return props;
+}
+
+ModelOptions model_options_for(const Dataset& train, const TrainOptions& o) {
+  if (train.tokens) {
+    return ModelOptions()
+        .num_classes(train.num_classes)
+        .context(train.images.size(1))
+        .n_layer(o.n_layer())
+        .n_head(o.n_head())
+        .n_embd(o.n_embd());
+  }
+  const auto& img = train.images;
+  return ModelOptions()
+      .in_channels(img.size(1))
+      .height(img.size(2))
+      .width(img.size(3))
+      .num_classes(train.num_classes)
+      .sync_batch_norm(o.sync_batch_norm())
+      .channels_last(o.channels_last());
+}
+
+std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelOptions& model_options,
+                                             const torch::Device& device) {
+  torch::manual_seed(o.seed());
+  auto model = make_model(o.model(), model_options);  // initialised on the CPU: the same weights everywhere
+  model->to(device);
+  return model;
+}
+
+torch::optim::SGDOptions sgd_options(const TrainOptions& o) {
+  return torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay());
+}
+
+// TrainOptions::fsdp with several workers: the model sharded, its sharding_units() the units. Before the
+// optimizer, which steps the shards; a resume then loads each rank's shards (load_into_shards).
+// On a GPU the shards are CUDA tensors, which the run's Gloo group reduces through the host (ampp's shared
+// memory reads host memory only).
+std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
+                                                          const std::shared_ptr<ClassifierImpl>& model,
+                                                          const dist::ProcessGroup& pg, const torch::Device& device) {
+  if (!o.fsdp() || !pg) return nullptr;
+  const bool shared_memory = o.shared_memory_allreduce() && device.is_cpu();  // --gloo-allreduce: off
+  return std::make_unique<dist::FullyShardedDataParallel>(
+      model, model->sharding_units(), dist::FullyShardOptions().process_group(pg).shared_memory(shared_memory));
+}
+
+// SGD as the seeds use it; with TrainOptions::zero and several workers, its state sharded over them.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
+                                                        const dist::ProcessGroup& pg, const torch::Device& device) {
+  // On a GPU, PyTorch's fused SGD kernel (TrainOptions::fused_optimizer): one launch for every parameter.
+  if (device.is_cuda() && o.fused_optimizer() && !o.zero()) return std::make_unique<FusedSGD>(params, sgd_options(o));
+  if (!o.zero() || !pg) return std::make_unique<torch::optim::SGD>(params, sgd_options(o));
+  return std::make_unique<dist::ZeroRedundancyOptimizer>(
+      std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(params)},
+      dist::ZeroRedundancyOptimizer::factory_of<torch::optim::SGD>(sgd_options(o)),
+      dist::ZeroRedundancyOptimizerOptions().process_group(pg));
+}
+
+// Cross-entropy over the last dimension of the logits: [N, classes] against [N], or a GPT's
+// [N, T, vocabulary] against [N, T] (every position is a prediction of the next token).
+torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& target,
+                                  torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
+}
+
+namespace {
+
+// A dataset of at most this many bytes lives on the GPU, where each batch is gathered by index on the
+// device: no host work, no copy and no loader thread per step (Fashion-MNIST: 55 MB; synthetic:32768:
+// 103 MB). Larger ones stay on the host and are copied batch by batch.
+constexpr int64_t kDataOnGpuBytes = int64_t{4} << 30;
+
+int64_t bytes_of(const Dataset& d) { return d.images.nbytes() + d.labels.nbytes(); }
+
+}  // namespace
+
+// On a GPU: the data on the device when it fits (the same values and order as on the host). Says where.
+std::string place_data(DatasetPair& data, const torch::Device& device) {
+  if (!device.is_cuda()) return "";
+  const int64_t bytes = bytes_of(data.train) + bytes_of(data.test);
+  if (bytes > kDataOnGpuBytes)
+    return fmt::format("data: {} MB on the host, copied to the GPU batch by batch", bytes >> 20);
+  for (Dataset* d : {&data.train, &data.test}) {
+    d->images = d->images.to(device);
+    d->labels = d->labels.to(device);
+  }
+  return fmt::format("data: on the GPU ({} MB), each batch gathered there", bytes >> 20);
+}
+
+// The run's identity in its checkpoint. The loss scale is part of it (a different one on resume would
+// be silently replaced by the checkpoint's); checkpoints written before it was added omit it.
+std::string fingerprint(const TrainOptions& o, int world, bool with_loss_scale) {
+  std::string f = fmt::format("model={} data={} opt_level={} dtype={} batch_size={} world_size={} seed={}", o.model(),
+                              dataset_name(data_spec(o)), to_string(o.opt_level()), c10::toString(o.dtype()),
+                              o.batch_size(), world, o.seed());
+  if (is_gpt(o.model()))
+    f += fmt::format(" context={} n_layer={} n_head={} n_embd={}", context_of(o), o.n_layer(), o.n_head(), o.n_embd());
+  if (with_loss_scale) f += " loss_scale=" + amp_properties(o).loss_scale().to_string();
+  if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
+  return f;
+}
+
+bool same_run(const std::string& saved, const TrainOptions& o, int world) {
+  const bool has_loss_scale = saved.find(" loss_scale=") != std::string::npos;
+  return saved == fingerprint(o, world, has_loss_scale);
+}
+
+std::string precision_label(const TrainOptions& o, const Amp& amp) {
+  if (o.opt_level() == OptLevel::O0) return "O0 (fp32)";
+  return fmt::format("{} {}{}, loss scale {}", to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
+                     amp.fp16_emulated() ? " (emulated on CPU)" : "", amp.properties().loss_scale().to_string());
+}
+
+double current_lr(torch::optim::Optimizer& opt) {
+  return static_cast<torch::optim::SGDOptions&>(opt.param_groups().front().options()).lr();
+}
+
+// The learning rate of a step in `epoch` after `steps_taken` optimizer steps (skipped ones excluded).
+// A function of the two counts, both in the checkpoint, so a resumed run gets the same schedule bit
+// for bit. The decay is LibTorch's StepLR stepped once per epoch (lr * gamma, multiplied in turn; its
+// first decay applies to epoch lr_step + 1, one epoch later than PyTorch's StepLR); warmup scales it.
+double scheduled_lr(const TrainOptions& o, int64_t epoch, int64_t steps_taken) {
+  double lr = o.lr();
+  for (int64_t e = 1; o.lr_step() > 0 && e < epoch; ++e)
+    if (e % o.lr_step() == 0) lr = o.lr_gamma() * lr;
+  if (steps_taken < o.warmup_steps())
+    lr *= static_cast<double>(steps_taken + 1) / static_cast<double>(o.warmup_steps());
+  return lr;
+}
+
+int64_t steps_taken(const RunPosition& p) { return p.global_step - p.skipped_total; }
+
+bool reached_step_limit(const Run& run) { return run.o.steps() > 0 && run.position.global_step >= run.o.steps(); }
+
+}  // namespace ampp::train::detail

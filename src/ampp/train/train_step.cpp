@@ -1,0 +1,205 @@
+#include "train_step.h"
+
+namespace ampp::train::detail {
+
+namespace {
+
+// Module paths of the parameters whose gradients hold inf/NaN. Only after a skipped step (one pass
+// over the gradients): the model's own gradients at every opt level (O2's masters are copies), or under
+// FSDP this rank's shards of them.
+std::vector<std::string> non_finite_gradient_names(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+  std::vector<std::string> keys;
+  std::vector<torch::Tensor> grads;
+  for (const auto& [name, p] : named) {
+    if (!p.grad().defined()) continue;
+    keys.push_back(name);
+    grads.push_back(p.grad());
+  }
+  if (grads.empty()) return {};
+  std::vector<std::string> names;
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (numerics::has_non_finite({grads[i]})) names.push_back(keys[i]);
+  return names;
+}
+
+std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+// The gradients the optimizer steps (O2: the masters'), by the model's parameter names.
+std::vector<std::pair<std::string, torch::Tensor>> named_master_gradients(const Run& run) {
+  auto named = named_master_params(*run.model, run.amp);
+  for (auto& [name, master] : named) master = master.grad();
+  return named;
+}
+
+// Testing aid: an inf loss on this rank at the steps AMPP_TRAIN_TEST_INF_AT names.
+torch::Tensor maybe_inject_inf(const Run& run, const torch::Tensor& loss) {
+  const int64_t step = run.position.global_step + 1;
+  if (run.faults.inf_steps.count(step) == 0) return loss;
+  std::fprintf(stderr, "ampp train: test fault: rank %d: inf loss injected at step %lld\n", run.workers.rank,
+               static_cast<long long>(step));
+  return loss * std::numeric_limits<float>::infinity();
+}
+
+// The doctor, at the first skipped step: rank 0 runs its batch's forward and scaled backward again
+// under a NonFiniteLocator to find the op (and module) where the first inf/NaN was born. The step was
+// skipped, so the weights are the ones it saw; the model is called directly (not through DDP, whose
+// hooks stay disarmed: no collective), BatchNorm's statistics are put back and the gradients dropped.
+// SyncBatchNorm uses rank 0's own batch statistics here: the other ranks do not take part.
+void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
+  run.buffer_guard.save();
+  std::optional<NonFiniteOrigin> origin;
+  {
+    dist::LocalBatchNormGuard no_collectives;
+    NonFiniteLocator locate(*run.model);
+    auto logits = run.amp.forward(run.model, batch.data).to(torch::kFloat32);
+    (classification_loss(logits, batch.target) * scale).backward();
+    origin = locate.first();
+  }
+  run.buffer_guard.restore();
+  run.amp.zero_grad();
+  run.first_non_finite = {{"step", run.position.global_step + 1}, {"rank", run.workers.rank}};
+  run.first_non_finite["origin"] = origin ? nlohmann::json(origin->describe()) : nlohmann::json(nullptr);
+  run.first_non_finite["module"] = origin ? origin->module : "";
+  if (!origin)
+    run.first_non_finite["note"] =
+        "rank 0's batch replayed finite: the inf/NaN came from another rank's batch or was injected";
+}
+
+// Without a loss scaler nothing has checked the gradients, and one inf/NaN would reach every weight: the
+// step is skipped as the scaler would skip it, on this flag (float32, 0-dim, non-zero: inf/NaN), made on
+// the device. Under FSDP each rank holds only its shards, so the ranks agree (one allreduce, through the
+// host); with DDP the gradients are already averaged, so every rank decides alike.
+torch::Tensor unscaled_gradients_non_finite(Run& run) {
+  const auto grads = gradients_of(run.amp.master_params());
+  auto found = torch::zeros({}, torch::dtype(torch::kFloat).device(grads.empty() ? run.device : grads[0].device()));
+  if (!grads.empty()) numerics::non_finite_check_and_unscale_(grads, found, torch::ones({}, found.options()));
+  if (!run.fsdp) return found;
+  auto everywhere = found.to(torch::kCPU, torch::kDouble);
+  allreduce_sum(run.workers.pg, everywhere);
+  return everywhere.to(found.device(), torch::kFloat);
+}
+
+// The tensors whose gradients the step reads, by parameter name: the model's, or this rank's FSDP shards.
+std::vector<std::pair<std::string, torch::Tensor>> named_gradient_holders(const Run& run) {
+  if (run.fsdp) return run.fsdp->named_parameters();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& p : run.model->named_parameters()) named.emplace_back(p.key(), p.value());
+  return named;
+}
+
+// torch::nn::utils::clip_grad_norm_'s operations (the same values), without its return value's host read.
+void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  const auto grads = gradients_of(params);
+  if (grads.empty()) return;
+  std::vector<torch::Tensor> norms;
+  for (const auto& g : grads) norms.push_back(g.norm(2.0));
+  const auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
+  const auto coef = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (auto g : grads) g.mul_(coef);
+}
+
+void clip_gradients(Run& run) {
+  if (run.o.clip_grad_norm() <= 0) return;
+  if (run.fsdp)
+    run.fsdp->clip_grad_norm_(run.o.clip_grad_norm());  // the global norm over every rank's shards
+  else
+    clip_grad_norm_on_device(run.amp.master_params(), run.o.clip_grad_norm());
+}
+
+// The optimizer's step, skipped where the gradients are not finite; returns the skip flag, on the device.
+// Amp decides with its loss scaler; without one, `non_finite` (above) does. A fused optimizer skips by
+// itself on the device; another one needs the flag on the host.
+torch::Tensor step_optimizer(Run& run, const torch::Tensor& non_finite) {
+  if (!non_finite.defined()) {
+    run.amp.step();
+    return run.amp.last_step_skipped();
+  }
+  if (auto* fused = dynamic_cast<GradScaleAwareOptimizer*>(&run.optimizer)) {
+    fused->set_grad_scaling(torch::Tensor(), non_finite);
+    run.amp.step();
+  } else if (non_finite.item<float>() == 0.0F) {
+    run.amp.step();
+  }
+  return non_finite;
+}
+
+// The last backward's wait for its buckets' allreduce, after autograd finished (reducer.h).
+double allreduce_wait_seconds(Ddp& ddp) {
+  const dist::IterationTimeline t = ddp.reducer().last_timeline();
+  return std::chrono::duration<double>(t.finalize_end - t.finalize_begin).count();
+}
+
+// Where a step's inf/NaN gradients are, read before the step (which drops a skipped step's gradients, as
+// apex), on a trainer that reads every step: host reads, free on the CPU.
+std::vector<std::string> overflowed_before_step(Run& run, const torch::Tensor& non_finite) {
+  if (!run.reads_every_step) return {};
+  const bool skips = non_finite.defined() ? non_finite.item<float>() != 0.0F : run.amp.step_will_skip();
+  return skips ? non_finite_gradient_names(named_gradient_holders(run)) : std::vector<std::string>{};
+}
+
+// One training step, queued with nothing read on the host (a CUDA graph captures it), but for what a
+// trainer that reads every step asks (overflowed_before_step) and the doctor's inspection.
+detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const torch::Tensor& target) {
+  Amp& amp = run.amp;
+  amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/amp.h)
+  run.buffer_guard.save();
+  ShardedForward sharded{run.fsdp.get()};
+  torch::Tensor logits = run.ddp    ? amp.forward(*run.ddp, data)
+                         : run.fsdp ? amp.forward(sharded, data)
+                                    : amp.forward(run.model, data);
+  logits = logits.to(torch::kFloat32);
+  auto loss = classification_loss(logits, target);
+  auto scaled = amp.scale_loss(maybe_inject_inf(run, loss));
+  run.clock.lap(StepPhase::kForward);
+  scaled.backward();
+  run.clock.lap(StepPhase::kBackward);
+  if (run.ddp) run.clock.move(StepPhase::kBackward, StepPhase::kAllreduceWait, allreduce_wait_seconds(*run.ddp));
+  if (run.ranges) run.ranges->observe(named_master_gradients(run), scaled.scale(), loss.item<double>());
+  const torch::Tensor non_finite = amp.checks_overflow() ? torch::Tensor() : unscaled_gradients_non_finite(run);
+  run.step_overflowed = overflowed_before_step(run, non_finite);
+  clip_gradients(run);  // a skipped step's clipped gradients are never used
+  const torch::Tensor skipped = step_optimizer(run, non_finite);
+  run.buffer_guard.restore_where_non_finite();  // also after a taken step: x*x can overflow while x did not
+  if (run.ranges && run.first_non_finite.is_null() && skipped.defined() && skipped.item<float>() != 0.0F)
+    locate_first_non_finite(run, Batch{data, target}, scaled.scale());
+  run.clock.lap(StepPhase::kOptimizer);
+  return {logits.detach(), loss.detach(), skipped};
+}
+
+}  // namespace
+
+// The step, eager or replayed from a CUDA graph (TrainOptions::cuda_graphs), added to the run's tally.
+// The lr warm-up changes the lr every step, which a graph would have to capture anew each time: its steps
+// run eagerly, and the graph is captured after it.
+void run_step(Run& run, const Batch& batch, double lr) {
+  detail::set_lr(run.optimizer, lr);
+  std::optional<ErrorOnCudaSync> no_sync;  // a GPU test's proof that the step reads nothing on the host
+  if (run.faults.error_on_sync) no_sync.emplace();
+  if (run.graphed && steps_taken(run.position) >= run.o.warmup_steps()) {
+    run.graphed->step(batch.data, batch.target, lr);
+    run.tally.count(batch.target.numel());  // a replay does no host work of its own
+  } else {
+    run.tally.add(train_step(run, batch.data, batch.target), batch.target);
+  }
+}
+
+// The graphed step: the eager step itself (train_step, added to the run's tally), captured. One worker
+// only: DDP's collectives are not captured. On the CPU (the tests' uncaptured_graph_step) none: the
+// eager step is the path a GPU captures, and the host reads as on a GPU (Run::reads_every_step).
+std::unique_ptr<detail::GraphedTrainStep> make_graphed_step(Run& run) {
+  TORCH_CHECK(run.workers.world == 1,
+              "TrainOptions::cuda_graphs: one worker only for now (DDP's collectives are "
+              "not captured); use --nproc 1, or drop --cuda-graphs (docs/gpu.md)");
+  if (run.faults.uncaptured_graph_step) return nullptr;
+  return std::make_unique<detail::GraphedTrainStep>([&run](const torch::Tensor& data, const torch::Tensor& target) {
+    run.tally.add_on_device(train_step(run, data, target), target);
+  });
+}
+
+}  // namespace ampp::train::detail
