@@ -4,8 +4,8 @@
 //   2. the fused gradient unscale + inf/NaN check against one flat copy of the same bytes (the memory
 //      bandwidth limit) and against the naive per-tensor isfinite().all() + mul_.
 // On the CPU by default, or on a GPU with --device cuda: there the optimizer is ampp::FusedSGD (as in
-// `ampp train`), and each timing is a round of queued work followed by one wait for the GPU, divided by
-// its length, so that a wait per step does not count as step time.
+// `ampp train`), and each timing is a round of queued work between two CUDA events, divided by its
+// length, so that a wait per step does not count as step time.
 // Every number is a ratio to a baseline measured in the same run: absolute times on a shared
 // machine drift by tens of percent, ratios much less. The full Google Benchmark suites are in bench/.
 #include "command_registry.h"
@@ -18,6 +18,9 @@
 #include <ampp/train/models.h>
 #include <ampp/train/options.h>
 #include <ampp/util/threads.h>
+#include <ampp/util/torch_version.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <fmt/core.h>
 #include <torch/cuda.h>
@@ -46,16 +49,33 @@ void wait_for(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
 }
 
-// The median over `repeats` rounds of the seconds per call of `body`: a round is `per_round` calls and one
-// wait for the device.
+// Seconds per call of `body` over a round of `per_round` calls: on a GPU between two CUDA events recorded
+// around the round on the current stream (the GPU's own clock; the host waits once, at the end), on the
+// CPU by the host's clock.
+double round_seconds(const std::function<void()>& body, const torch::Device& device, int per_round) {
+#if AMPP_TORCH_AT_LEAST(2, 8)  // c10::Event::elapsedTime
+  if (device.is_cuda()) {
+    const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+    const c10::Stream stream = cuda.getStream(cuda.getDevice());
+    c10::Event start(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    c10::Event end(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    start.record(stream);
+    for (int k = 0; k < per_round; ++k) body();
+    end.record(stream);
+    end.synchronize();
+    return start.elapsedTime(end) / 1e3 / per_round;  // milliseconds
+  }
+#endif
+  const auto start = std::chrono::steady_clock::now();
+  for (int k = 0; k < per_round; ++k) body();
+  wait_for(device);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / per_round;
+}
+
+// The median over `repeats` rounds of the seconds per call of `body` (round_seconds).
 double median_seconds(int repeats, const std::function<void()>& body, const torch::Device& device, int per_round = 1) {
   std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    auto start = std::chrono::steady_clock::now();
-    for (int k = 0; k < per_round; ++k) body();
-    wait_for(device);
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / per_round);
-  }
+  for (int i = 0; i < repeats; ++i) times.push_back(round_seconds(body, device, per_round));
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times[times.size() / 2];
 }

@@ -33,6 +33,12 @@ void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& foun
 void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
                                    std::vector<uint8_t>& non_finite_per_tensor);
 
+/// The same, for a caller that knows |inv_scale| <= 1 (an inverse scale of 1, or a loss scale known to be
+/// at least 1): then a check before the multiply and one after it agree, and on a GPU the second,
+/// check-only pass over the gradients is left out (ATen's kernel checks before the multiply).
+void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
+                                   bool inv_scale_at_most_one);
+
 /// True if any element of any tensor is inf/-inf/NaN (the same pass with inv_scale 1, read only).
 bool has_non_finite(at::TensorList tensors);
 

@@ -224,7 +224,11 @@ class GradScaler {
   PerOptimizerState& state_of(const torch::optim::Optimizer& optimizer);
 
   GradScalerOptions options_;
-  torch::Tensor scale_;           // float32 0-dim, lazily created
+  torch::Tensor scale_;  // float32 0-dim, lazily created
+  // A bound the scale is known to be at or above, kept on the host without reading the scale: exact
+  // where the host learns it (a read, a fill), and lowered by the backoff factor at each update on the
+  // device. At 1 or above, unscaling multiplies by at most 1, and one check pass suffices on a GPU.
+  mutable double scale_at_least_ = 0;
   torch::Tensor growth_tracker_;  // int32 0-dim, lazily created
   int64_t init_growth_tracker_ = 0;
   std::unordered_map<const torch::optim::Optimizer*, PerOptimizerState> per_optimizer_states_;

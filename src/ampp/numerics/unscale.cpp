@@ -141,7 +141,7 @@ void cpu_unscale(at::TensorList grads, at::Tensor& found_inf, float inv, std::ve
 }
 
 void unscale_and_find_non_finite_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
-                                  std::vector<uint8_t>* per_tensor) {
+                                  std::vector<uint8_t>* per_tensor, bool inv_scale_at_most_one = false) {
   if (scaled_grads.empty()) return;
   const at::Device device = scaled_grads[0].device();
   for (const auto& g : scaled_grads) {
@@ -167,8 +167,9 @@ void unscale_and_find_non_finite_(at::TensorList scaled_grads, at::Tensor& found
   const at::Tensor one = at::ones_like(inv_scale);
   for (auto& entry : by_dtype) {
     at::_amp_foreach_non_finite_check_and_unscale_(entry.second, found_inf, inv_scale);
-    // ATen checks the inputs; check what was stored too (x * 1 rewrites nothing): see unscale.h.
-    at::_amp_foreach_non_finite_check_and_unscale_(entry.second, found_inf, one);
+    // ATen checks the inputs; check what was stored too (x * 1 rewrites nothing): see unscale.h. Where
+    // |inv_scale| <= 1 the two checks agree, and the second pass is left out.
+    if (!inv_scale_at_most_one) at::_amp_foreach_non_finite_check_and_unscale_(entry.second, found_inf, one);
   }
   // Which tensors overflowed: one check per tensor, only when something did (a skipped step).
   if (per_tensor && found_inf.item<float>() != 0.0f)
@@ -186,6 +187,11 @@ void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& foun
 }
 
 void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
+                                   bool inv_scale_at_most_one) {
+  unscale_and_find_non_finite_(scaled_grads, found_inf, inv_scale, nullptr, inv_scale_at_most_one);
+}
+
+void non_finite_check_and_unscale_(at::TensorList scaled_grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
                                    std::vector<uint8_t>& non_finite_per_tensor) {
   non_finite_per_tensor.assign(scaled_grads.size(), 0);
   unscale_and_find_non_finite_(scaled_grads, found_inf, inv_scale, &non_finite_per_tensor);
@@ -195,7 +201,7 @@ bool has_non_finite(at::TensorList tensors) {
   if (tensors.empty()) return false;
   const auto opts = at::TensorOptions().dtype(at::kFloat).device(tensors[0].device());
   at::Tensor found = at::zeros({}, opts);
-  non_finite_check_and_unscale_(tensors, found, at::ones({}, opts));
+  non_finite_check_and_unscale_(tensors, found, at::ones({}, opts), /*inv_scale_at_most_one=*/true);
   return found.item<float>() != 0.0f;
 }
 

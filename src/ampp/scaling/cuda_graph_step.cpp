@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "graph_capture_scope.h"
+
 #if __has_include(<ATen/cuda/CUDAConfig.h>)
 #define AMPP_CUDA_GRAPHS 1
 #include <ATen/cuda/CUDAEvent.h>
@@ -22,6 +24,15 @@
 #endif
 
 namespace ampp {
+
+namespace scaling::detail {
+namespace {
+thread_local bool capturing = false;
+}  // namespace
+bool capturing_a_graph() { return capturing; }
+GraphCaptureScope::GraphCaptureScope() : before_(capturing) { capturing = true; }
+GraphCaptureScope::~GraphCaptureScope() { capturing = before_; }
+}  // namespace scaling::detail
 
 bool cuda_graphs_compiled() { return AMPP_CUDA_GRAPHS; }
 
@@ -179,6 +190,7 @@ void CudaGraphStep::capture() {
     // error: CUDNN_STATUS_EXECUTION_FAILED" on 2026-11-28, when its batches were pinned by such a thread.
     graph_->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
     try {
+      const scaling::detail::GraphCaptureScope capturing;
       output_ = step_();
     } catch (const std::exception& e) {  // whatever the step threw, the stream must leave capture mode
       try {

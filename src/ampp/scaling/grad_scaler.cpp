@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "device_grads.h"
+#include "graph_capture_scope.h"
 #include "torch_compat.h"
 
 namespace ampp {
@@ -72,6 +73,7 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   scale_ = other.scale_.defined() ? other.scale_.clone() : torch::Tensor();
   growth_tracker_ = other.growth_tracker_.defined() ? other.growth_tracker_.clone() : torch::Tensor();
   init_growth_tracker_ = other.init_growth_tracker_;
+  scale_at_least_ = other.scale_at_least_;
   per_optimizer_states_.clear();
   for (const auto& [opt, st] : other.per_optimizer_states_) {
     PerOptimizerState copy;
@@ -105,6 +107,7 @@ void GradScaler::check_scale_growth_tracker(const char* funcname) const {
 void GradScaler::lazy_init_scale_growth_tracker(const torch::Device& device) {
   TORCH_INTERNAL_ASSERT(!growth_tracker_.defined(), "_growth_tracker initialized before _scale");
   scale_ = torch::full({}, options_.init_scale(), torch::dtype(torch::kFloat).device(device));
+  scale_at_least_ = options_.init_scale();
   growth_tracker_ = torch::full({}, init_growth_tracker_, torch::dtype(torch::kInt).device(device));
 }
 
@@ -163,7 +166,9 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     torch::Tensor f = device == scale_.device() ? found_inf.clone() : found_inf.to(device, false, true);
     const torch::Tensor inv = device == scale_.device() ? inv_scale : inv_scale.to(device);
     if (!device.is_cpu()) {  // attributing needs a host read there: overflowed_params() stays empty
-      numerics::non_finite_check_and_unscale_(d.grads, f, inv);
+      // A graph's replays back off without the host seeing it: a captured unscale makes both passes.
+      const bool at_most_one = scale_at_least_ >= 1.0 && !scaling::detail::capturing_a_graph();
+      numerics::non_finite_check_and_unscale_(d.grads, f, inv, at_most_one);
     } else {
       numerics::non_finite_check_and_unscale_(d.grads, f, inv, non_finite);
       for (size_t i = 0; i < non_finite.size(); ++i)
@@ -249,6 +254,7 @@ void GradScaler::update(double new_scale) {
               "update(new_scale): new_scale must be finite and >= 2^-126 (kMinLossScale). Got ", new_scale,
               "; a zero, subnormal or non-finite scale turns finite gradients into inf/NaN when unscaled.");
   scale_.fill_(new_scale);
+  scale_at_least_ = new_scale;
   per_optimizer_states_.clear();
 }
 
@@ -293,6 +299,7 @@ void GradScaler::update_on_host(const torch::Tensor& found_inf_combined) {
       !(found && static_cast<float>(scale_.item<float>() * options_.backoff_factor()) < kMinLossScale)) {
     numerics::amp_update_scale_(scale_, growth_tracker_, found_inf_combined, options_.growth_factor(),
                                 options_.backoff_factor(), options_.growth_interval());
+    if (found) scale_at_least_ *= options_.backoff_factor();
     return;
   }
   apply_policy_rule(found);
@@ -324,6 +331,7 @@ void GradScaler::apply_policy_rule(bool found) {
     }
   }
   scale_.fill_(next);
+  scale_at_least_ = next;
   growth_tracker_.fill_(next_tracker);
 }
 
@@ -359,7 +367,9 @@ int64_t GradScaler::hysteresis_tracker() const {
 
 double GradScaler::get_scale() const {
   if (!is_enabled()) return 1.0;
-  return scale_.defined() ? static_cast<double>(scale_.item<float>()) : options_.init_scale();
+  if (!scale_.defined()) return options_.init_scale();
+  scale_at_least_ = scale_.item<float>();
+  return scale_at_least_;
 }
 
 int64_t GradScaler::get_growth_tracker() const {
@@ -422,6 +432,7 @@ void GradScaler::load_state_dict(const GradScalerStateDict& state) {
   options_ = loaded;
   init_growth_tracker_ = state_count(required("_growth_tracker"), "_growth_tracker");
   if (scale_.defined()) scale_.fill_(options_.init_scale());
+  scale_at_least_ = options_.init_scale();
   if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
   // ampp extras are optional, so a state dict written from PyTorch's keys alone loads too.
   fold_on_device_counts();  // the loaded counts replace what the device held too

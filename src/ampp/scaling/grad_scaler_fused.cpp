@@ -23,7 +23,8 @@ void GradScaler::check_inf_per_device(torch::optim::Optimizer& optimizer) {
   for (auto& [dev, d] : scaling::detail::grads_by_device(optimizer, /*allow_fp16_grads=*/true)) {
     const torch::Device device(dev);
     torch::Tensor f = torch::zeros({}, scale_.options().device(device));
-    numerics::non_finite_check_and_unscale_(d.grads, f, device == scale_.device() ? one : one.to(device));
+    numerics::non_finite_check_and_unscale_(d.grads, f, device == scale_.device() ? one : one.to(device),
+                                            /*inv_scale_at_most_one=*/true);
     st.found_inf_per_device.emplace(dev, f);
   }
   reduce_found_inf_with_hook(st);
@@ -61,6 +62,7 @@ bool GradScaler::update_on_device(const torch::Tensor& found_inf_combined, bool 
   const torch::Tensor overflow = found_inf_combined.gt(0);
   counts.consecutive_overflows.add_(1).mul_(overflow);
   if (!options_.dynamic()) return true;
+  scale_at_least_ = std::max(floor_scale(), scale_at_least_ * options_.backoff_factor());  // at most one backoff
   if (options_.hysteresis() > 1) {
     apply_policy_rule_on_device(overflow);
     return true;
