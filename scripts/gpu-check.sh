@@ -124,7 +124,8 @@ train_once() {
   timeout -k 5 "$left" "$build/bin/ampp" train --data synthetic:32768 --epochs 1 --quiet --no-plots --out "$build/run" $flags \
     >> "$out/train-runs.log" 2>&1 &&
     echo "$flags: $("$python" -c 'import json, sys; s = json.load(open(sys.argv[1]));
-print("%.0f images/s, test accuracy %.2f %%" % (s["images_per_sec"], s["test_accuracy"]))' \
+print("%.0f images/s steady (%d steps), %.0f over the run, test accuracy %.2f %%" % (s["images_per_sec"],
+      s.get("steady_steps", 0), s.get("wall_images_per_sec", 0), s["test_accuracy"]))' \
       "$build/run/summary.json")" | tee -a "$out/summary.txt" ||
     { echo "$flags: failed (train-runs.log)" | tee -a "$out/summary.txt"; return 1; }
 }
