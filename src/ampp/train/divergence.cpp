@@ -86,8 +86,8 @@ StepResult read_steps(Run& run, const detail::StepTally::Readout& r) {
   return step;
 }
 
-// The device watched the rules step by step (SkipWatch): a read tells the first step that broke one, also
-// where a finite step followed before the read, and every rank stops at the same read.
+// The rules saw every step's skip flag in order at the read (skip_rules.h), so they name the first step
+// that broke one, also where finite steps followed it before the read, and every rank stops at the same read.
 void check_divergence(Run& run, const StepResult& step, const detail::StepTally::Readout& r) {
   if (std::isfinite(step.loss)) {
     run.last_finite_loss = step.loss;
@@ -98,8 +98,7 @@ void check_divergence(Run& run, const StepResult& step, const detail::StepTally:
   const int64_t limit = run.o.max_consecutive_skips();
   const auto& broke = *r.first_break;
   const int64_t step_of_break = run.position.global_step - (r.steps - broke.step);
-  stop_diverged(
-      run, broken_skip_rule(limit, broke.in_a_row, broke.recent_skips, std::min(broke.step, 2 * limit), step_of_break));
+  stop_diverged(run, broken_skip_rule(limit, broke.in_a_row, broke.recent_skips, broke.recent_steps, step_of_break));
 }
 
 namespace {

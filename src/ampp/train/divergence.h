@@ -9,8 +9,8 @@ namespace ampp::train::detail {
 // sees it. A host synchronisation.
 StepResult read_steps(Run& run, const detail::StepTally::Readout& r);
 
-// The device watched the rules step by step (SkipWatch): a read tells the first step that broke one, also
-// where a finite step followed before the read, and every rank stops at the same read.
+// The rules saw every step's skip flag in order at the read (skip_rules.h), so they name the first step
+// that broke one, also where finite steps followed it before the read, and every rank stops at the same read.
 void check_divergence(Run& run, const StepResult& step, const detail::StepTally::Readout& r);
 
 // The weights (and O2's masters) must be finite before they are saved anywhere: a step taken on

@@ -175,10 +175,10 @@ struct Run {
   PhaseClock clock{phases};
   std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
   std::optional<OpProfile> ops;
-  std::vector<torch::Tensor> gathered_masters;         // ZeRO under O2: every shard's masters, for the checkpoint
-  std::unique_ptr<torch::optim::SGD> fsdp_optimizer;   // FSDP: the unsharded SGD, while a checkpoint is written
-  std::unique_ptr<detail::GraphedTrainStep> graphed;   // TrainOptions::cuda_graphs, else null
-  detail::StepTally tally{o.max_consecutive_skips()};  // the steps' results on the device, until a read
+  std::vector<torch::Tensor> gathered_masters;        // ZeRO under O2: every shard's masters, for the checkpoint
+  std::unique_ptr<torch::optim::SGD> fsdp_optimizer;  // FSDP: the unsharded SGD, while a checkpoint is written
+  std::unique_ptr<detail::GraphedTrainStep> graphed;  // TrainOptions::cuda_graphs, else null
+  detail::StepTally tally{o.max_consecutive_skips(), o.log_every()};  // the steps' results until a read
   // Read the tally after every step: on the CPU, where a read costs nothing and each skipped step gets its
   // own record with the names of its inf/NaN gradients, and under the doctor, which inspects every step.
   // Set once the faults are known (train()): the CPU tests of the graphed path read as a GPU run does.

@@ -1,7 +1,10 @@
-// StepTally (step_tally.h): the trainer's per-step sums and skip counts, on the device.
+// StepTally (step_tally.h): the trainer's per-step sums and skip flags, on the device until a read.
 #include "step_tally.h"
 
 namespace ampp::train::detail {
+
+StepTally::StepTally(int64_t max_consecutive_skips, int64_t steps_between_reads)
+    : rules_(max_consecutive_skips), ring_size_(std::max<int64_t>(1, steps_between_reads)) {}
 
 void StepTally::add_on_device(const Step& step, const torch::Tensor& target) {
   torch::NoGradGuard no_grad;
@@ -10,41 +13,49 @@ void StepTally::add_on_device(const Step& step, const torch::Tensor& target) {
     loss_sum_ = torch::zeros({}, on.dtype(torch::kDouble));
     correct_ = torch::zeros({}, on.dtype(torch::kLong));
     last_loss_ = torch::zeros({}, on.dtype(torch::kFloat));
-    skipped_ = torch::zeros({}, on.dtype(torch::kLong));
-    consecutive_ = torch::zeros({}, on.dtype(torch::kLong));
+    skip_ring_ = torch::zeros({ring_size_}, on.dtype(torch::kFloat));
+    cursor_ = torch::zeros({1}, on.dtype(torch::kLong));
   }
-  const torch::Tensor skipped = step.skipped.defined() ? step.skipped : torch::zeros({}, on.dtype(torch::kFloat));
-  watch_.after_step(skipped);
-  // The float loss in double times the targets: float values in double add exactly (a few dozen bits of
-  // 53), so the grouping of the sums between reads does not change an epoch's sum.
-  loss_sum_.add_(step.loss.to(torch::kDouble) * static_cast<double>(target.numel()));
+  // The float loss times the targets, added in double: the product of a float and a count below 2^29 is
+  // exact in double, and float values in double add exactly (a few dozen bits of 53), so the grouping of
+  // the sums between reads does not change an epoch's sum.
+  loss_sum_.add_(step.loss, static_cast<double>(target.numel()));
   correct_.add_(correct_prediction_count(step.logits, target));
   last_loss_.copy_(step.loss);
-  const torch::Tensor was_skipped = skipped.ne(0);
-  skipped_.add_(was_skipped);
-  consecutive_.add_(1).mul_(was_skipped);
+  if (step.skipped.defined())
+    skip_ring_.index_copy_(0, cursor_, step.skipped.reshape({1}).to(torch::kFloat));
+  else
+    skip_ring_.index_fill_(0, cursor_, 0.0);
+  cursor_.add_(1).remainder_(ring_size_);
 }
 
 StepTally::Readout StepTally::read() {
   Readout r;
   r.steps = steps_;
   if (!loss_sum_.defined()) return r;
-  const torch::Tensor host =  // one synchronisation for the five
-      torch::stack({loss_sum_, correct_.to(torch::kDouble), last_loss_.to(torch::kDouble), skipped_.to(torch::kDouble),
-                    consecutive_.to(torch::kDouble)})
+  const int64_t fresh = steps_ - steps_read_;
+  TORCH_INTERNAL_ASSERT(fresh <= ring_size_, "StepTally: ", fresh, " steps since the last read, more than the ring's ",
+                        ring_size_);
+  const torch::Tensor host =  // one synchronisation for all of it
+      torch::cat({torch::stack({loss_sum_, correct_.to(torch::kDouble), last_loss_.to(torch::kDouble)}),
+                  skip_ring_.to(torch::kDouble)})
           .cpu();
   const auto v = host.accessor<double, 1>();
   r.loss_sum = v[0];
   r.correct = v[1];
   r.last_loss = v[2];
-  r.skipped = static_cast<int64_t>(v[3]);
-  r.consecutive_skips = static_cast<int64_t>(v[4]);
+  for (int64_t k = steps_read_; k < steps_; ++k) {  // in order: the ring's slot of step k is k mod its size
+    const bool skipped = v[3 + k % ring_size_] != 0;
+    r.skipped += skipped ? 1 : 0;
+    rules_.add(skipped);
+  }
+  r.consecutive_skips = rules_.in_a_row();
+  r.first_break = rules_.first_break();
   r.seen = seen_;
-  r.first_break = watch_.first_break();  // already computed: the read above waited for it
   loss_sum_.zero_();
   correct_.zero_();
-  skipped_.zero_();
   seen_ = 0;
+  steps_read_ = steps_;
   return r;
 }
 

@@ -1,10 +1,11 @@
 #pragma once
 // Internal to ampp: what `ampp train`'s steps leave on the device between two reads. Each step adds its
-// loss, its correct predictions and its skip flag there, with tensor operations only (a CUDA graph
-// captures them), and the divergence rules watch the skips step by step (SkipWatch). The trainer reads
-// it (one host synchronisation) every TrainOptions::log_every steps, at an epoch's end, before a
-// checkpoint and wherever it must know at once (on the CPU, where a read costs nothing, every step).
-#include "skip_watch.h"
+// loss and its correct predictions there, and writes its skip flag into a ring, with tensor operations only
+// (a CUDA graph captures them; about 9 small kernels a step). The trainer reads it (one host
+// synchronisation) every TrainOptions::log_every steps, at an epoch's end, before a checkpoint and
+// wherever it must know at once (on the CPU, where a read costs nothing, every step); a read feeds the
+// skip flags since the last one, in order, to the divergence rules (skip_rules.h), on the host.
+#include "skip_rules.h"
 
 #include <torch/torch.h>
 
@@ -35,11 +36,12 @@ class StepTally {
     int64_t skipped = 0;                          // steps skipped since the last read
     int64_t consecutive_skips = 0;                // of the last steps, in a row (0: the last one stepped)
     int64_t steps = 0;                            // added since the start
-    std::optional<SkipWatch::Break> first_break;  // the first step that broke a divergence rule
+    std::optional<SkipRules::Break> first_break;  // the first step that broke a divergence rule
   };
 
-  // `max_consecutive_skips`: TrainOptions'; its rules are watched on the device (SkipWatch).
-  explicit StepTally(int64_t max_consecutive_skips) : watch_(max_consecutive_skips) {}
+  // `max_consecutive_skips`: TrainOptions' (the rules' L); at most `steps_between_reads` steps come between
+  // two reads (TrainOptions::log_every), the size of the ring of skip flags.
+  StepTally(int64_t max_consecutive_skips, int64_t steps_between_reads);
 
   // Adds a step on `target`'s batch: add_on_device() and count().
   void add(const Step& step, const torch::Tensor& target) {
@@ -57,11 +59,12 @@ class StepTally {
   Readout read();
 
  private:
-  SkipWatch watch_;
+  SkipRules rules_;
+  int64_t ring_size_;
   torch::Tensor loss_sum_, correct_, last_loss_;  // float64, int64, float32: made by the first step
-  torch::Tensor skipped_, consecutive_;           // int64
+  torch::Tensor skip_ring_, cursor_;              // float32 [ring_size_]; int64 0-dim: the next slot
   double seen_ = 0;                               // known on the host: the targets of each step
-  int64_t steps_ = 0;
+  int64_t steps_ = 0, steps_read_ = 0;            // added, and added up to the last read
 };
 
 }  // namespace ampp::train::detail
