@@ -14,7 +14,9 @@ Run::Run(const TrainOptions& options, Workers workers_in)
       model_options(model_options_for(data.train, o)),
       model(seeded_model(o, model_options, device)),
       fsdp(make_fsdp(o, model, workers.pg, device)),
-      optimizer_holder(make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg, device)),
+      optimizer_holder(
+          make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg,
+                         device.is_cuda() || faults_for(workers.rank, workers.world, false).gpu_step_on_cpu)),
       optimizer(*optimizer_holder),
       amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
       buffer_guard(*model),  // after initialize(), which may cast the buffers
@@ -96,9 +98,9 @@ std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
 
 // SGD as the seeds use it; with TrainOptions::zero and several workers, its state sharded over them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
-                                                        const dist::ProcessGroup& pg, const torch::Device& device) {
+                                                        const dist::ProcessGroup& pg, bool on_a_gpu) {
   // On a GPU, PyTorch's fused SGD kernel (TrainOptions::fused_optimizer): one launch for every parameter.
-  if (device.is_cuda() && o.fused_optimizer() && !o.zero()) return std::make_unique<FusedSGD>(params, sgd_options(o));
+  if (on_a_gpu && o.fused_optimizer() && !o.zero()) return std::make_unique<FusedSGD>(params, sgd_options(o));
   if (!o.zero() || !pg) return std::make_unique<torch::optim::SGD>(params, sgd_options(o));
   return std::make_unique<dist::ZeroRedundancyOptimizer>(
       std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(params)},

@@ -226,7 +226,7 @@ std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
 
 // SGD as the seeds use it; with TrainOptions::zero and several workers, its state sharded over them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
-                                                        const dist::ProcessGroup& pg, const torch::Device& device);
+                                                        const dist::ProcessGroup& pg, bool on_a_gpu);
 
 // Cross-entropy over the last dimension of the logits: [N, classes] against [N], or a GPT's
 // [N, T, vocabulary] against [N, T] (every position is a prediction of the next token).

@@ -207,7 +207,8 @@ Summary train(const TrainOptions& options) {
   if (options.doctor() && run.workers.leader()) run.ranges.emplace();
   if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
-  run.reads_every_step = (!run.device.is_cuda() && !run.faults.uncaptured_graph_step) || options.doctor();
+  const bool read_as_on_a_gpu = run.device.is_cuda() || run.faults.uncaptured_graph_step || run.faults.gpu_step_on_cpu;
+  run.reads_every_step = !read_as_on_a_gpu || options.doctor();
   if (options.cuda_graphs()) {
     run.graphed = make_graphed_step(run);
     run.say("CUDA graphs: each step is one graph replay");
