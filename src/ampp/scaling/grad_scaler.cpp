@@ -156,14 +156,13 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // Reciprocal in double on purpose (as PyTorch): 1/scale is exact for powers of two either way, and
   // closer for others.
   const torch::Tensor inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  const torch::Tensor found_inf = torch::zeros({}, scale_.options());
 
   // Every device gets its own found_inf, as PyTorch's _MultiDeviceReplicator does.
   st.found_inf_per_device.clear();
   std::vector<uint8_t> non_finite;
   for (auto& [dev, d] : scaling::detail::grads_by_device(optimizer, options_.allow_fp16_grads())) {
     const torch::Device device(dev);
-    torch::Tensor f = device == scale_.device() ? found_inf.clone() : found_inf.to(device, false, true);
+    torch::Tensor f = torch::zeros({}, scale_.options().device(device));
     const torch::Tensor inv = device == scale_.device() ? inv_scale : inv_scale.to(device);
     if (!device.is_cpu()) {  // attributing needs a host read there: overflowed_params() stays empty
       // A graph's replays back off without the host seeing it: a captured unscale makes both passes.
@@ -181,8 +180,11 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   st.stage = OptState::kUnscaled;
 }
 
-// The optimizer's per-device flags added up where the scale lives (a new tensor: no flag is changed).
+// The optimizer's per-device flags added up where the scale lives: the one flag itself when there is one
+// there (no kernel), else a new tensor. No flag is changed.
 torch::Tensor GradScaler::found_inf_sum(const PerOptimizerState& st) const {
+  if (st.found_inf_per_device.size() == 1 && st.found_inf_per_device.begin()->second.device() == scale_.device())
+    return st.found_inf_per_device.begin()->second;
   torch::Tensor sum = torch::zeros({}, scale_.options());
   for (const auto& [dev, f] : st.found_inf_per_device) sum += f.to(scale_.device());
   return sum;
@@ -274,8 +276,9 @@ void GradScaler::update() {
   // Reset now: whatever happens below (including the min-scale error), the next iteration starts clean.
   per_optimizer_states_.clear();
   iteration_closed_ = true;  // overflowed_params() stays readable until the next unscale_
-  torch::Tensor found_inf_combined = found_infs[0].clone();
-  for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined += found_infs[i];
+  // Read only below (the rules change no flag): one optimizer's flag is used as it is.
+  torch::Tensor found_inf_combined = found_infs[0];
+  for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined = found_inf_combined + found_infs[i];
 
   if (update_on_device(found_inf_combined, all_fused)) return;
   update_on_host(found_inf_combined);

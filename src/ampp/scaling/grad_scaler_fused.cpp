@@ -69,7 +69,7 @@ bool GradScaler::update_on_device(const torch::Tensor& found_inf_combined, bool 
   }
   // An overflow that finds the scale at the floor counts (the host rule's min_scale_overflows_); any
   // finite update restarts the count.
-  counts.floor_overflows.add_(overflow.logical_and(scale_.le(floor_scale()))).mul_(overflow);
+  counts.floor_overflows.add_(scale_.le(floor_scale())).mul_(overflow);  // the product keeps overflows only
   numerics::amp_update_scale_(scale_, growth_tracker_, found_inf_combined, options_.growth_factor(),
                               options_.backoff_factor(), options_.growth_interval());
   // The cap and the floor of the host rule, as clamps of the product (both rules store float(scale *
