@@ -51,10 +51,13 @@ torch::Tensor reduce_scatter_sum(const FsdpContext& context, const torch::Tensor
     return out;
   }
 #if AMPP_TORCH_AT_LEAST(2, 0)
-  std::vector<torch::Tensor> out{torch::empty({input.size(1)}, input.options())};
-  std::vector<std::vector<torch::Tensor>> in{input.unbind(0)};
+  // Gloo's reduce_scatter takes CPU tensors only: CUDA gradients (workers sharing a GPU) go through the host.
+  const bool via_host = !input.is_cpu() && group.backend() == "gloo";
+  const torch::Tensor sent = via_host ? input.cpu() : input;
+  std::vector<torch::Tensor> out{torch::empty({input.size(1)}, sent.options())};
+  std::vector<std::vector<torch::Tensor>> in{sent.unbind(0)};
   group.c10d()->reduce_scatter(out, in)->wait();
-  return out[0];
+  return via_host ? out[0].to(input.device()) : out[0];
 #else
   std::vector<torch::Tensor> all{input.to(torch::kFloat)};
   group.c10d()->allreduce(all)->wait();
