@@ -34,7 +34,7 @@ struct Precision {
 
 const std::vector<Precision>& every_level() {
   static const std::vector<Precision> levels{
-      {"O0 fp32", OptLevel::O0, torch::kBFloat16},    {"O1 fp16", OptLevel::O1, torch::kHalf},
+      {"O0 fp32", OptLevel::O0, torch::kBFloat16}, {"O1 fp16", OptLevel::O1, torch::kHalf},
       {"O1 bf16", OptLevel::O1, torch::kBFloat16}, {"O2 fp16", OptLevel::O2, torch::kHalf},
       {"O2 bf16", OptLevel::O2, torch::kBFloat16}, {"O3 bf16", OptLevel::O3, torch::kBFloat16}};
   return levels;

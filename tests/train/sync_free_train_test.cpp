@@ -56,7 +56,7 @@ TEST(SyncFreeTrain, TwiceTheStepsMakeNoMoreHostReadsAtEveryOptLevel) {
   if (!AMPP_TORCH_AT_LEAST(2, 4)) GTEST_SKIP() << "ATen's fused SGD kernel needs LibTorch 2.4 or newer";
   ampp::train::detail::set_fault_source(gpu_step_with_an_inf);
   const std::vector<std::tuple<std::string, OptLevel, c10::ScalarType>> levels{
-      {"O0", OptLevel::O0, torch::kBFloat16},        {"O1 fp16", OptLevel::O1, torch::kHalf},
+      {"O0", OptLevel::O0, torch::kBFloat16},      {"O1 fp16", OptLevel::O1, torch::kHalf},
       {"O1 bf16", OptLevel::O1, torch::kBFloat16}, {"O2 fp16", OptLevel::O2, torch::kHalf},
       {"O2 bf16", OptLevel::O2, torch::kBFloat16}, {"O3 bf16", OptLevel::O3, torch::kBFloat16}};
   for (const auto& [name, level, dtype] : levels) {
@@ -68,8 +68,8 @@ TEST(SyncFreeTrain, TwiceTheStepsMakeNoMoreHostReadsAtEveryOptLevel) {
     EXPECT_EQ(long_run.summary.steps, 40);
     // The inf at step 3, skipped on the device (fp16's first steps may overflow at the initial scale too).
     EXPECT_GE(long_run.summary.skipped_steps, 1);
-    EXPECT_EQ(long_run.count, short_run.count) << "20 more steps made " << long_run.count - short_run.count
-                                               << " more host reads";
+    EXPECT_EQ(long_run.count, short_run.count)
+        << "20 more steps made " << long_run.count - short_run.count << " more host reads";
   }
   ampp::train::detail::set_fault_source(no_faults);
 }
