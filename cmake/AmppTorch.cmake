@@ -61,6 +61,18 @@ if(AMPP_TORCH STREQUAL "wheel" OR AMPP_TORCH STREQUAL "cuda")
     message(FATAL_ERROR "AMPP_TORCH=cuda, but the torch of '${AMPP_PYTHON}' was built without CUDA. Fix: "
       "AMPP_TORCH=cuda scripts/install-deps.sh (torch==2.14.1 in .venv-cuda), or -DAMPP_PYTHON=<a CUDA torch's Python>.")
   endif()
+  # The CUDA runtime that the wheel's libtorch_cuda loads in Python (nvidia/*/lib), not the toolkit's:
+  # ampp's programs then run on the same CUDA libraries as Python's torch (bench/gpu/compare.py prints
+  # them). FindCUDAToolkit keeps this cached choice.
+  if(AMPP_TORCH_CUDA_VERSION AND AMPP_NVIDIA_INCLUDE_DIRS AND NOT CUDA_cudart_LIBRARY)
+    set(_wheel_lib_dirs ${AMPP_NVIDIA_INCLUDE_DIRS})
+    list(TRANSFORM _wheel_lib_dirs REPLACE "/include$" "/lib")
+    string(REGEX MATCH "^[0-9]+" _cuda_major "${AMPP_TORCH_CUDA_VERSION}")
+    find_library(CUDA_cudart_LIBRARY NAMES libcudart.so.${_cuda_major} PATHS ${_wheel_lib_dirs} NO_DEFAULT_PATH)
+    if(NOT CUDA_cudart_LIBRARY)
+      unset(CUDA_cudart_LIBRARY CACHE)  # no runtime in the wheel's folders: the toolkit's, as before
+    endif()
+  endif()
   # TorchConfig's own look-ups (Caffe2, libtorch, libc10) search the system paths first, so with
   # Debian's libtorch-dev also installed they silently mix 1.13 into the build: search only the wheel.
   set(CMAKE_FIND_USE_CMAKE_SYSTEM_PATH OFF)

@@ -1,10 +1,14 @@
 // ampp's side of the GPU benchmark (bench/gpu/compare.py runs it beside bench/gpu/python_side.py, which
 // trains the same model the same way in Python PyTorch): one model, one precision, synthetic data, and
 // one JSON line: items (images or tokens) per second, ms per step, the peak of allocated GPU memory
-// (what torch.cuda.max_memory_allocated counts) and the last loss. The steps are timed in rounds of
-// --steps until --min-seconds have passed, and the median round counts (as python_side.py does).
+// (what torch.cuda.max_memory_allocated counts), the last loss and, with --profile-steps, the kernels
+// that took the most time in that many steps. The steps are timed in rounds of --steps until
+// --min-seconds have passed, and the median round counts (as python_side.py does).
 //
 //   build/bench/gpu/ampp_gpu_bench --model cnn --precision bf16 [--channels-last] [--cuda-graphs]
+//   build/bench/gpu/ampp_gpu_bench --serve   # one case per line on stdin ({"model": ..., flags without
+//                                            # dashes}), one result line each; {"query": "libraries"}
+//                                            # answers which CUDA libraries the process loaded
 //
 // Precisions: fp32; tf32 (TF32 matmuls and convolutions); fp16 (autocast + GradScaler, O1); bf16
 // (autocast, O1); o2-fp16 and o2-bf16 (ampp::initialize O2: the model cast, FP32 masters). The optimizer
@@ -13,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -29,13 +34,15 @@
 #include <ampp/train/gpt.h>
 
 #include "gpu_memory.h"
+#include "kernel_profile.h"
+#include "loaded_libraries.h"
 #include "resnet50.h"
 
 namespace {
 
 struct BenchOptions {
   std::string model = "cnn", precision = "fp32", device = "cuda";
-  int64_t batch = 0, steps = 30, warmup = 10, context = 0;
+  int64_t batch = 0, steps = 30, warmup = 10, context = 0, profile_steps = 0;
   double min_seconds = 1.0;
   bool channels_last = false, cuda_graphs = false;
 };
@@ -209,6 +216,17 @@ nlohmann::json run(const BenchOptions& o) {
   for (int64_t s = 0; s < o.warmup; ++s) loss = step();
   const Rounds rounds = time_rounds(step, loss, device, o);
   const double seconds = rounds.median_s;
+  const double peak_mib = ampp::bench::peak_gpu_memory_mib(device);
+  nlohmann::json kernels;
+  if (o.profile_steps > 0) {
+    kernels = ampp::bench::profile_kernels(
+        [&] {
+          for (int64_t s = 0; s < o.profile_steps; ++s) loss = step();
+          synchronize(device);
+        },
+        device, 20);
+    kernels["steps"] = o.profile_steps;
+  }
   return {{"side", "ampp"},
           {"model", o.model},
           {"precision", o.precision},
@@ -220,17 +238,68 @@ nlohmann::json run(const BenchOptions& o) {
           {"ms_per_step", 1e3 * seconds / o.steps},
           {"rounds", rounds.count},
           {"spread", rounds.spread},
-          {"peak_mib", ampp::bench::peak_gpu_memory_mib(device)},
+          {"peak_mib", peak_mib},
+          {"kernels", kernels},
           {"loss", loss.item<double>()},
           {"parameters", parameter_count(*w.model)},
           {"device", o.device}};
+}
+
+// A case from a --serve line: the command line's option names, without the dashes.
+BenchOptions options_from(const nlohmann::json& j) {
+  BenchOptions o;
+  o.model = j.value("model", o.model);
+  o.precision = j.value("precision", o.precision);
+  o.device = j.value("device", o.device);
+  o.batch = j.value("batch", o.batch);
+  o.steps = j.value("steps", o.steps);
+  o.warmup = j.value("warmup", o.warmup);
+  o.context = j.value("context", o.context);
+  o.profile_steps = j.value("profile_steps", o.profile_steps);
+  o.min_seconds = j.value("min_seconds", o.min_seconds);
+  o.channels_last = j.value("channels_last", o.channels_last);
+  o.cuda_graphs = j.value("cuda_graphs", o.cuda_graphs);
+  return o;
+}
+
+// One case's line, or its error: a case that fails says why and the process goes on.
+nlohmann::json run_or_error(const BenchOptions& o) {
+  try {
+    return run(o);
+  } catch (const c10::Error& e) {
+    return {{"side", "ampp"}, {"error", e.what_without_backtrace()}};
+  } catch (const std::exception& e) {
+    return {{"side", "ampp"}, {"error", e.what()}};
+  }
+}
+
+// compare.py's long-lived process: the CUDA context, cuBLAS and cuDNN are set up once for every case.
+int serve() {
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line.empty()) continue;
+    nlohmann::json out;
+    try {
+      const auto request = nlohmann::json::parse(line);
+      if (request.value("query", "") == "libraries")
+        out = {{"side", "ampp"}, {"libraries", ampp::bench::loaded_cuda_libraries()}};
+      else
+        out = run_or_error(options_from(request));
+    } catch (const nlohmann::json::exception& e) {
+      out = {{"side", "ampp"}, {"error", std::string("not a case: ") + e.what()}};
+    }
+    ampp::bench::release_cached_gpu_memory();  // the next case, or the other side, starts from an empty cache
+    std::cout << out.dump() << std::endl;
+  }
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   BenchOptions o;
+  bool serve_mode = false;
   CLI::App app{"ampp's side of the GPU benchmark: one JSON line per run (bench/gpu/compare.py)"};
+  app.add_flag("--serve", serve_mode, "read cases from stdin, one JSON object a line; answer one line each");
   app.add_option("--model", o.model, "cnn, resnet50, or a GPT preset (gpt2-124m, gpt-mini, gpt-tiny)");
   app.add_option("--precision", o.precision, "fp32, tf32, fp16, bf16, o2-fp16, o2-bf16");
   app.add_option("--batch", o.batch, "batch size (0: 256 cnn, 128 resnet50, 8 GPT)");
@@ -238,15 +307,17 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "timed steps");
   app.add_option("--warmup", o.warmup, "untimed steps first");
   app.add_option("--min-seconds", o.min_seconds, "time rounds of --steps until this much time has passed");
+  app.add_option("--profile-steps", o.profile_steps, "then profile this many steps: the top kernels (0: none)");
   app.add_option("--device", o.device, "cuda, cuda:N or cpu");
   app.add_flag("--channels-last", o.channels_last, "conv nets: NHWC activations");
   app.add_flag("--cuda-graphs", o.cuda_graphs, "capture the step once and replay it (ampp::CudaGraphStep)");
   CLI11_PARSE(app, argc, argv);
-  try {
-    std::printf("%s\n", run(o).dump().c_str());
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "ampp_gpu_bench: %s\n", e.what_without_backtrace());
+  if (serve_mode) return serve();
+  const auto out = run_or_error(o);
+  if (out.contains("error")) {
+    std::fprintf(stderr, "ampp_gpu_bench: %s\n", out["error"].get<std::string>().c_str());
     return 1;
   }
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -3,6 +3,7 @@
 
 #if __has_include(<ATen/cuda/CUDAConfig.h>)
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
 #define AMPP_BENCH_CUDA 1
 #else
 #define AMPP_BENCH_CUDA 0
@@ -29,6 +30,12 @@ double peak_gpu_memory_mib(const torch::Device& device) {
   (void)device;
 #endif
   return -1;
+}
+
+void release_cached_gpu_memory() {
+#if AMPP_BENCH_CUDA
+  if (torch::cuda::is_available()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
 }
 
 }  // namespace ampp::bench
