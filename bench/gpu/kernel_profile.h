@@ -4,8 +4,8 @@
 // them. On a CPU: ATen's operators, their time inclusive of the operators they call (what CI can check).
 #include <functional>
 
-#include <nlohmann/json.hpp>
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 namespace ampp::bench {
 

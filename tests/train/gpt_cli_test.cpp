@@ -1,9 +1,12 @@
 // `ampp train --model gpt-*` end to end: it learns text (below the unigram baseline), resumes bit for bit,
 // writes a checkpoint.pt that loads strictly into the Python twin, and refuses mismatched models and data.
+// With --optimizer adamw and --lr-schedule cosine it trains as nanoGPT does: its schedule, its AdamW groups
+// (checked by loading the checkpoint's optimizer state into nanoGPT's AdamW in Python).
 #include <ampp/train/metrics.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -71,6 +74,68 @@ TEST(GptCli, CheckpointLoadsStrictlyIntoThePythonModel) {
   if (r.code == 3) GTEST_SKIP() << "no usable Python torch: " << r.output;
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("loaded 28 tensors, step 4"), std::string::npos) << r.output;
+}
+
+// nanoGPT's get_lr, written from its train.py: linear warmup (ampp's: lr * (k + 1) / warmup for the k-th step
+// taken), then min_lr + (lr - min_lr) * (1 + cos(pi * ratio)) / 2 with min_lr = lr / 10 and ratio the
+// fraction of the steps after the warmup (here: to the run's last step).
+TEST(GptCli, AdamWWithTheCosineScheduleFollowsNanoGptsLearningRates) {
+  ampp_test::TempDir tmp;
+  const std::string flags =
+      "--nproc 1 --steps 12 --log-every 1 --opt-level O1 --dtype bf16 --optimizer adamw "
+      "--weight-decay 0.1 --lr 0.002 --lr-schedule cosine --warmup-steps 4";
+  auto r = run_ampp(gpt_run(tmp.path(), flags));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double lr = 0.002, min_lr = lr / 10;
+  int64_t seen = 0;
+  for (const auto& j : ampp::train::read_jsonl((tmp.path() / "out" / "metrics.jsonl").string())) {
+    if (j.value("type", "") != "step") continue;
+    const int64_t k = j["step"].get<int64_t>() - 1;  // steps taken before this one (bf16: none skipped)
+    const double ratio = static_cast<double>(k - 4) / static_cast<double>(12 - 4);
+    const double want =
+        k < 4 ? lr * static_cast<double>(k + 1) / 4 : min_lr + (lr - min_lr) * 0.5 * (1 + std::cos(M_PI * ratio));
+    EXPECT_NEAR(j["lr"].get<double>(), want, 1e-15) << j.dump();
+    ++seen;
+  }
+  EXPECT_EQ(seen, 12);
+}
+
+// AdamW's moments are sharded by --zero and gathered into the checkpoint; the cosine position is the
+// steps taken, which the checkpoint holds. Its length is given: the first half runs with --epochs 1.
+TEST(GptCli, AdamWWithZeroAndTheCosineScheduleResumesBitIdentically) {
+  ampp_test::check_resume_is_exact(
+      "--nproc 2 --zero --opt-level O2 --dtype bf16 --optimizer adamw --weight-decay 0.1 --lr 0.002 "
+      "--lr-schedule cosine --warmup-steps 3 --lr-decay-steps 40",
+      gpt_run);
+}
+
+// Without --lr-decay-steps the cosine spans the run: one continued with more epochs would follow another
+// curve than its first steps did, so the checkpoint says it belongs to another run.
+TEST(GptCli, TheCosineOverTheRunRefusesAResumeThatChangesItsLength) {
+  ampp_test::TempDir tmp;
+  const std::string flags = "--nproc 1 --opt-level O1 --dtype bf16 --optimizer adamw --lr-schedule cosine";
+  auto r = run_ampp(gpt_run(tmp.path(), "--epochs 1 " + flags));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_ampp(gpt_run(tmp.path(), "--epochs 2 --resume " + flags));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("belongs to a different run"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lr_schedule=cosine lr_decay_steps="), std::string::npos) << r.output;
+}
+
+TEST(GptCli, AdamWStateLoadsIntoNanoGptsOptimizerInPython) {
+  ampp_test::TempDir tmp;
+  auto r = run_ampp(
+      gpt_run(tmp.path(), "--nproc 1 --steps 4 --opt-level O2 --dtype bf16 --optimizer adamw --weight-decay 0.1"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = ampp_test::run_shell(std::string(AMPP_PYTHON) + " " + AMPP_TEST_DIR + "/pytorch_gpt.py " +
+                           (tmp.path() / "ckpt" / "checkpoint.pt").string());
+  if (r.code == 3) GTEST_SKIP() << "no usable Python torch: " << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("loaded 28 tensors, step 4"), std::string::npos) << r.output;
+  // nanoGPT's groups: 10 matrices (embeddings, attention and MLP weights) with decay 0.1, 18 without.
+  EXPECT_NE(r.output.find("adamw: groups of 10 and 18 tensors, weight decay 0.1 and 0, step 4, stepped once more"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(GptCli, ModelsAndDataMustMatch) {

@@ -1,5 +1,7 @@
 """Opens an `ampp train --model gpt-*` checkpoint.pt with plain torch.load and loads its model strictly
-into the Python twin (examples/python/gpt.py), sizes read from the tensors.
+into the Python twin (examples/python/gpt.py), sizes read from the tensors. With AdamW's state in it
+(`--optimizer adamw`), loads that into nanoGPT's optimizer (train.py's configure_optimizers: the parameters of
+2 or more dimensions with weight decay, the others without) and takes one more step with it.
 
     python pytorch_gpt.py CHECKPOINT_PT     (exit 3: no usable torch here)
 """
@@ -23,3 +25,30 @@ n_head = 2  # any divisor of n_embd: the head count changes no parameter's shape
 model = Gpt(vocab_size, state["wpe.weight"].shape[0], n_layer, n_head, n_embd)
 model.load_state_dict(state)  # strict
 print(f"loaded {len(state)} tensors, step {ckpt['step']}")
+
+
+def nanogpt_adamw(model, saved):
+    """nanoGPT's AdamW over the twin, with the checkpoint's state: torch's load_state_dict checks the
+    groups' sizes, and each moment must have its parameter's shape."""
+    params = [p for _, p in model.named_parameters()]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": saved["param_groups"][0]["weight_decay"]},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=saved["param_groups"][0]["lr"], betas=(0.9, 0.95), eps=1e-8)
+    opt.load_state_dict(saved)
+    for p in params:
+        assert opt.state[p]["exp_avg"].shape == p.shape and opt.state[p]["exp_avg_sq"].shape == p.shape
+    return opt
+
+
+optimizer = ckpt.get("optimizer", {})
+if "betas" in optimizer.get("param_groups", [{}])[0]:
+    opt = nanogpt_adamw(model, optimizer)
+    steps = {int(s["step"]) for s in opt.state.values()}
+    x = torch.randint(0, vocab_size, (2, 8))
+    logits = model(x)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+    opt.step()
+    sizes = [len(g["params"]) for g in opt.param_groups]
+    decays = [g["weight_decay"] for g in opt.param_groups]
+    print(f"adamw: groups of {sizes[0]} and {sizes[1]} tensors, weight decay {decays[0]:g} and {decays[1]:g}, "
+          f"step {','.join(map(str, sorted(steps)))}, stepped once more")

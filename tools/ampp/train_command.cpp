@@ -72,11 +72,23 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
   ampp::cli::add_number(sub, "--batch-size", o.batch_size(), "global batch size, split across workers");
   ampp::cli::add_number(sub, "--epochs", o.epochs(), "training epochs (in total, also when resuming)");
   ampp::cli::add_number(sub, "--steps", o.steps(), "stop after this many steps in total (0: no limit)");
-  ampp::cli::add_number(sub, "--lr", o.lr(), "SGD learning rate");
+  sub.add_option_function<std::string>(
+         "--optimizer", [&o](const std::string& text) { o.optimizer(ampp::train::parse_optimizer_kind(text)); },
+         "sgd (with --momentum) or adamw (nanoGPT's: betas 0.9, 0.95; no weight decay on biases and norms)")
+      ->check(ampp::cli::parsed_by(ampp::train::parse_optimizer_kind, "OPTIMIZER"))
+      ->default_str(ampp::train::to_string(o.optimizer()));
+  ampp::cli::add_number(sub, "--lr", o.lr(), "learning rate (the peak, with warmup or a cosine schedule)");
   ampp::cli::add_number(sub, "--momentum", o.momentum(), "SGD momentum");
-  ampp::cli::add_number(sub, "--weight-decay", o.weight_decay(), "SGD weight decay");
+  ampp::cli::add_number(sub, "--weight-decay", o.weight_decay(), "weight decay (AdamW's decoupled; nanoGPT uses 0.1)");
+  sub.add_option_function<std::string>(
+         "--lr-schedule", [&o](const std::string& text) { o.lr_schedule(ampp::train::parse_lr_schedule(text)); },
+         "step (StepLR: --lr-step, --lr-gamma) or cosine (nanoGPT's: down to lr/10 over --lr-decay-steps)")
+      ->check(ampp::cli::parsed_by(ampp::train::parse_lr_schedule, "SCHEDULE"))
+      ->default_str(ampp::train::to_string(o.lr_schedule()));
   ampp::cli::add_number(sub, "--lr-step", o.lr_step(), "StepLR step size in epochs (0: constant lr)");
   ampp::cli::add_number(sub, "--lr-gamma", o.lr_gamma(), "StepLR factor");
+  ampp::cli::add_number(sub, "--lr-decay-steps", o.lr_decay_steps(),
+                        "cosine: optimizer steps after the warmup to reach lr/10 (0: the run's last step)");
   ampp::cli::add_number(sub, "--warmup-steps", o.warmup_steps(),
                         "linear lr warmup over this many optimizer steps taken (skipped steps do not count; 0: off)");
   ampp::cli::add_number(sub, "--clip-grad-norm", o.clip_grad_norm(),
@@ -94,7 +106,7 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
       "on a GPU: cuDNN's default convolution algorithms instead of the fastest measured ones");
   sub.add_flag_callback(
       "--no-fused-optimizer", [&o] { o.fused_optimizer(false); },
-      "on a GPU: torch::optim::SGD instead of ampp::FusedSGD (the same update in one kernel)");
+      "on a GPU: torch::optim::SGD or AdamW instead of ampp::FusedSGD or FusedAdamW (the same update in one kernel)");
   sub.add_flag_callback(
       "--no-pinned-batches", [&o] { o.pinned_batches(false); },
       "on a GPU: copy batches from pageable memory, blocking, instead of from pinned memory");

@@ -158,6 +158,9 @@ class Amp {
   /// Clip these (their grads are unscaled after backward()), not the model's parameters.
   std::vector<torch::Tensor> master_params() const;
   std::vector<torch::Tensor> master_params(const torch::optim::Optimizer& optimizer) const;
+  /// The model parameter each master_params() entry belongs to, in the same order: the optimizers'
+  /// order (param group by param group), which is not the model's once an optimizer has several groups.
+  std::vector<torch::Tensor> model_params_of_masters() const;
   /// The FP32 buffers low-precision model gradients are converted into for the masters, kept between
   /// steps (so each step does not allocate them again) while the masters' .grad is dropped; empty
   /// before the first O2 backward and at O0, O1 and O3. For memory accounting.

@@ -72,14 +72,15 @@ struct TrainingObjects {
   torch::optim::Optimizer& optimizer;
   Amp& amp;
   dist::DistributedSampler& sampler;
-  // What the optimizer steps, one tensor per model parameter in order (the FP32 masters under O2), when
-  // this process does not hold them all: under ZeRO each rank holds its shard's masters, gathered here
-  // for a checkpoint (save only). Empty: amp.master_params(), which holds them all.
+  // What the optimizer steps, one tensor per model parameter in Amp::master_params()'s order (the FP32
+  // masters under O2), when this process does not hold them all: under ZeRO each rank holds its shard's
+  // masters, gathered here for a checkpoint (save only). Empty: amp.master_params(), which holds them all.
   std::vector<torch::Tensor> masters = {};
 };
 
-// The O2 masters a checkpoint holds: the FP32 ones of the low-precision parameters, in model order, as
-// Amp::state_dict() lists them without ZeRO (so a checkpoint resumes with or without it).
+// The O2 masters a checkpoint holds: the FP32 ones of the low-precision parameters, in the optimizer's order
+// (the model's for one param group), as Amp::state_dict() lists them without ZeRO (so a checkpoint resumes
+// with or without it).
 std::vector<torch::Tensor> checkpoint_masters(const TrainingObjects& objects);
 
 // The inverse on load: of a checkpoint's masters, the ones this process's Amp steps (under ZeRO its shard's).

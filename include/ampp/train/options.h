@@ -13,6 +13,19 @@
 
 namespace ampp::train {
 
+// The optimizer: SGD with momentum as the seeds use it, or AdamW as nanoGPT trains a GPT: betas (0.9, 0.95),
+// eps 1e-8, decoupled weight decay on the matrices only (no decay on biases, LayerNorm and BatchNorm
+// weights: every parameter of fewer than 2 dimensions).
+enum class OptimizerKind { kSgd, kAdamW };
+// kStep: StepLR (lr_step, lr_gamma; constant when lr_step is 0). kCosine: nanoGPT's get_lr, a cosine
+// from lr down to lr / 10 over lr_decay_steps optimizer steps after the warmup, then lr / 10.
+enum class LrSchedule { kStep, kCosine };
+
+OptimizerKind parse_optimizer_kind(const std::string& text);  // "sgd" or "adamw"
+std::string to_string(OptimizerKind kind);
+LrSchedule parse_lr_schedule(const std::string& text);  // "step" or "cosine"
+std::string to_string(LrSchedule schedule);
+
 struct TrainOptions {
   // mlp, cnn, resnet (images) or gpt-tiny, gpt-mini, gpt2-124m (text; gpt.h).
   TORCH_ARG(std::string, model) = "cnn";
@@ -34,12 +47,16 @@ struct TrainOptions {
   TORCH_ARG(int64_t, epochs) = 3;
   // Stop after this many optimizer iterations in total (0 = no limit).
   TORCH_ARG(int64_t, steps) = 0;
+  TORCH_ARG(OptimizerKind, optimizer) = OptimizerKind::kSgd;
   TORCH_ARG(double, lr) = 0.05;
-  TORCH_ARG(double, momentum) = 0.9;
+  TORCH_ARG(double, momentum) = 0.9;  // SGD's
   TORCH_ARG(double, weight_decay) = 1e-4;
+  TORCH_ARG(LrSchedule, lr_schedule) = LrSchedule::kStep;
   // StepLR(step_size = lr_step epochs, gamma), with LibTorch's counting; 0 = constant lr.
   TORCH_ARG(int64_t, lr_step) = 0;
   TORCH_ARG(double, lr_gamma) = 0.1;
+  // kCosine: optimizer steps from the end of the warmup to the floor of lr / 10 (0 = the run's last step).
+  TORCH_ARG(int64_t, lr_decay_steps) = 0;
   // Linear warmup: the k-th optimizer step taken uses lr * k / warmup_steps until k reaches it. A step
   // skipped for inf/NaN gradients does not count (nor advance the schedule); 0 = off.
   TORCH_ARG(int64_t, warmup_steps) = 0;

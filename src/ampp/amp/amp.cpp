@@ -160,6 +160,14 @@ std::vector<torch::Tensor> Amp::master_params() const {
   return out;
 }
 
+std::vector<torch::Tensor> Amp::model_params_of_masters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& rec : state_->optimizers) {
+    for (const auto& slot : rec.slots) out.push_back(slot.model.defined() ? slot.model : slot.param);
+  }
+  return out;
+}
+
 std::vector<torch::Tensor> Amp::master_gradient_buffers() const {
   std::vector<torch::Tensor> out;
   for (const auto& rec : state_->optimizers) {

@@ -1,5 +1,6 @@
 // PyTorch-format state dicts (pytorch_checkpoint.h); the files themselves: pytorch_file.cpp.
 #include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/scaling/fused_optimizers.h>
 #include <ampp/util/optimizer_compat.h>
 
 #include <torch/optim/adam.h>
@@ -84,6 +85,8 @@ Dict module_state_dict(const torch::nn::Module& module) {
 }
 
 Dict optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
+  // FusedAdamW counts its steps on the device; AdamWParamState::step is brought up to date here.
+  if (const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer)) fused->sync_step_counts();
   Dict state = int_keyed_dict();
   auto groups = any_list();
   int64_t index = 0;

@@ -73,7 +73,7 @@ void save(Run& run, int64_t epoch, int64_t batch) {
   run.gathered_masters = gather_masters(run);
   if (!run.workers.leader()) return;
   RunPosition now;
-  now.fingerprint = fingerprint(run.o, run.workers.world);
+  now.fingerprint = fingerprint(run.o, run.workers.world, run.cosine_steps);
   now.epoch = epoch;
   now.batch = batch;
   now.global_step = run.position.global_step;

@@ -15,9 +15,9 @@
 
 namespace ampp::train::detail {
 
-// Every param group's learning rate, of SGD (the trainer's optimizer, plain, fused or ZeRO's).
+// Every param group's learning rate (the trainer's optimizer: SGD or AdamW, plain, fused or ZeRO's).
 inline void set_lr(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
 class GraphedTrainStep {

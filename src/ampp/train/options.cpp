@@ -60,6 +60,13 @@ void validate_optimization(const TrainOptions& o) {
   TORCH_CHECK(o.lr_step() >= 0, "TrainOptions::lr_step must be 0 (constant lr) or a positive number of epochs, got ",
               o.lr_step());
   TORCH_CHECK(o.lr_gamma() > 0 && o.lr_gamma() <= 1, "TrainOptions::lr_gamma must be in (0, 1], got ", o.lr_gamma());
+  TORCH_CHECK(o.lr_decay_steps() >= 0,
+              "TrainOptions::lr_decay_steps must be 0 (to the run's last step) or a positive number of steps, got ",
+              o.lr_decay_steps());
+  TORCH_CHECK(!(o.lr_schedule() == LrSchedule::kCosine && o.lr_step() > 0),
+              "TrainOptions::lr_step is StepLR's, and the schedule is cosine; drop --lr-step or --lr-schedule cosine");
+  TORCH_CHECK(o.lr_decay_steps() == 0 || o.lr_schedule() == LrSchedule::kCosine,
+              "TrainOptions::lr_decay_steps sets the cosine schedule's length; add --lr-schedule cosine or drop it");
   TORCH_CHECK(o.warmup_steps() >= 0, "TrainOptions::warmup_steps must be 0 (off) or a positive number of steps, got ",
               o.warmup_steps());
   TORCH_CHECK(o.max_consecutive_skips() >= 0,
@@ -80,6 +87,9 @@ void validate_fsdp(const TrainOptions& o) {
       ": FSDP keeps FP32 shards itself, so apex's FP32 masters (O2) and a low-precision model (O3) do not apply; "
       "use -O0 or -O1 (autocast)");
   TORCH_CHECK(!o.zero(), "TrainOptions::fsdp already shards the optimizer state; drop --zero");
+  TORCH_CHECK(o.optimizer() == OptimizerKind::kSgd,
+              "TrainOptions::fsdp shards SGD's state; AdamW under FSDP is not built yet: use DDP (drop --fsdp) or "
+              "--zero, which shards AdamW's state");
   TORCH_CHECK(
       !o.doctor() && !o.profile(),
       "TrainOptions::fsdp: --doctor and --profile read whole gradients and parameters, which FSDP does not keep; "
@@ -90,11 +100,16 @@ void validate_fsdp(const TrainOptions& o) {
 void validate_cuda_graphs(const TrainOptions& o) {
   if (!o.cuda_graphs()) return;
   const auto no = [](const char* what) { return std::string("TrainOptions::cuda_graphs: ") + what + " (docs/gpu.md)"; };
+  TORCH_CHECK(o.lr_schedule() != LrSchedule::kCosine,
+              no("the cosine schedule changes the lr every step, and a graph holds the lr it was captured with; "
+                 "drop --lr-schedule cosine or --cuda-graphs"));
   TORCH_CHECK(o.device() != "cpu" || detail::faults_for(0, 1, false).uncaptured_graph_step,
               no("CUDA graphs need a GPU; use --device cuda, or drop --cuda-graphs"));
   TORCH_CHECK(!o.doctor() && !o.profile(), no("--doctor and --profile read every step on the host; drop them"));
-  TORCH_CHECK(o.fused_optimizer(),
-              no("the step needs ampp::FusedSGD, which keeps the skip decision on the GPU; drop --no-fused-optimizer"));
+  TORCH_CHECK(
+      o.fused_optimizer(),
+      no("the step needs ampp's fused optimizer (FusedSGD, FusedAdamW), which keeps the skip decision on the GPU; "
+         "drop --no-fused-optimizer"));
 }
 
 void validate_run_and_outputs(const TrainOptions& o) {
@@ -113,6 +128,22 @@ void validate_run_and_outputs(const TrainOptions& o) {
 }
 
 }  // namespace
+
+OptimizerKind parse_optimizer_kind(const std::string& text) {
+  if (text == "sgd") return OptimizerKind::kSgd;
+  TORCH_CHECK(text == "adamw", "unknown optimizer '", text, "': use sgd or adamw");
+  return OptimizerKind::kAdamW;
+}
+
+std::string to_string(OptimizerKind kind) { return kind == OptimizerKind::kSgd ? "sgd" : "adamw"; }
+
+LrSchedule parse_lr_schedule(const std::string& text) {
+  if (text == "step") return LrSchedule::kStep;
+  TORCH_CHECK(text == "cosine", "unknown lr schedule '", text, "': use step or cosine");
+  return LrSchedule::kCosine;
+}
+
+std::string to_string(LrSchedule schedule) { return schedule == LrSchedule::kStep ? "step" : "cosine"; }
 
 void validate(const TrainOptions& options) {
   validate_model_and_precision(options);

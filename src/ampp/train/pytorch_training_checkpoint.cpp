@@ -2,6 +2,8 @@
 #include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 
+#include <map>
+
 namespace ampp::train {
 namespace {
 
@@ -44,11 +46,17 @@ AmpStateDict amp_state(const c10::impl::GenericDict& scaler, const c10::impl::Ge
 }  // namespace
 
 std::vector<std::pair<std::string, torch::Tensor>> named_master_params(const torch::nn::Module& model, const Amp& amp) {
-  const auto named = model.named_parameters();
+  std::map<const c10::TensorImpl*, std::string> names;
+  for (const auto& p : model.named_parameters()) names.emplace(p.value().unsafeGetTensorImpl(), p.key());
   const auto masters = amp.master_params();
-  TORCH_INTERNAL_ASSERT(named.size() == masters.size(), "one master per model parameter");
+  const auto owners = amp.model_params_of_masters();
+  TORCH_INTERNAL_ASSERT(names.size() == masters.size(), "one master per model parameter");
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (size_t i = 0; i < masters.size(); ++i) out.emplace_back(named[i].key(), masters[i]);
+  for (size_t i = 0; i < masters.size(); ++i) {
+    const auto name = names.find(owners[i].unsafeGetTensorImpl());
+    TORCH_INTERNAL_ASSERT(name != names.end(), "a master whose model parameter is not the model's");
+    out.emplace_back(name->second, masters[i]);
+  }
   return out;
 }
 

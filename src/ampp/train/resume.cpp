@@ -9,14 +9,35 @@ namespace {
 
 // The checkpoint's SGD hyperparameters (which loading put in force, as PyTorch's load_state_dict
 // does) must be this run's: a silent change of momentum would be a different run. `source` names it.
-void check_sgd_options(const Run& run, const std::string& source) {
-  const auto& sgd = static_cast<const torch::optim::SGDOptions&>(run.optimizer.param_groups().front().options());
-  TORCH_CHECK(sgd.momentum() == run.o.momentum() && sgd.weight_decay() == run.o.weight_decay(), source,
+void check_sgd_options(const torch::optim::SGDOptions& sgd, const TrainOptions& o, const std::string& source) {
+  TORCH_CHECK(sgd.momentum() == o.momentum() && sgd.weight_decay() == o.weight_decay(), source,
               " was trained with SGD momentum ", sgd.momentum(), " and weight decay ", sgd.weight_decay(),
-              "; this run has momentum ", run.o.momentum(), " and weight decay ", run.o.weight_decay(),
-              ": pass --momentum ", sgd.momentum(), " --weight-decay ", sgd.weight_decay());
+              "; this run has momentum ", o.momentum(), " and weight decay ", o.weight_decay(), ": pass --momentum ",
+              sgd.momentum(), " --weight-decay ", sgd.weight_decay());
   TORCH_CHECK(sgd.dampening() == 0 && !sgd.nesterov(), source, " was trained with SGD dampening ", sgd.dampening(),
               (sgd.nesterov() ? " and Nesterov momentum" : ""), ", which ampp train's SGD does not use");
+}
+
+// The same for AdamW: its first group (the matrices) carries the weight decay, the betas are nanoGPT's.
+void check_adamw_options(const torch::optim::AdamWOptions& adamw, const TrainOptions& o, const std::string& source) {
+  const auto expected = adamw_options(o);
+  TORCH_CHECK(adamw.weight_decay() == o.weight_decay(), source, " was trained with AdamW weight decay ",
+              adamw.weight_decay(), "; this run has ", o.weight_decay(), ": pass --weight-decay ",
+              adamw.weight_decay());
+  TORCH_CHECK(adamw.betas() == expected.betas() && adamw.eps() == expected.eps() && !adamw.amsgrad(), source,
+              " was trained with AdamW betas (", std::get<0>(adamw.betas()), ", ", std::get<1>(adamw.betas()),
+              "), eps ", adamw.eps(), (adamw.amsgrad() ? " and amsgrad" : ""),
+              ", which ampp train's AdamW does not use (betas (0.9, 0.95), eps 1e-8)");
+}
+
+// The optimizer the checkpoint put in force must be this run's kind, with this run's settings.
+void check_optimizer_options(const Run& run, const std::string& source) {
+  const auto& options = run.optimizer.param_groups().front().options();
+  const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options);
+  const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options);
+  TORCH_CHECK(sgd || adamw, source, " left an optimizer that is neither SGD nor AdamW");
+  if (sgd) check_sgd_options(*sgd, run.o, source);
+  if (adamw) check_adamw_options(*adamw, run.o, source);
 }
 
 // FSDP: a checkpoint holds the unsharded model and SGD state (this run's, DDP's, or another world size's).
@@ -25,10 +46,10 @@ void load_into_shards(Run& run, const std::function<void(const TrainingObjects&)
   const torch::Tensor rng = get_rng_state();  // building the copy draws initial weights: the run's stream stays
   const auto whole = make_model(run.o.model(), run.model_options);
   set_rng_state(rng);
-  torch::optim::SGD sgd(whole->parameters(), sgd_options(run.o));
-  load(TrainingObjects{*whole, sgd, run.amp, run.sampler});
+  const auto optimizer = plain_optimizer(param_groups_for(whole->parameters(), run.o), run.o, false);
+  load(TrainingObjects{*whole, *optimizer, run.amp, run.sampler});
   run.fsdp->load_full_state_dict(module_state_dict(*whole));
-  run.fsdp->load_full_optimizer_state_dict(run.optimizer, optimizer_state_dict(sgd));
+  run.fsdp->load_full_optimizer_state_dict(run.optimizer, optimizer_state_dict(*optimizer));
 }
 
 }  // namespace
@@ -41,15 +62,15 @@ void resume(Run& run) {
     return;
   }
   TrainingCheckpoint saved(run.checkpoint);
-  const std::string expected = fingerprint(run.o, run.workers.world);
-  TORCH_CHECK(same_run(saved.position().fingerprint, run.o, run.workers.world), "checkpoint '", run.checkpoint,
-              "' belongs to a different run (", saved.position().fingerprint, ") than this one (", expected,
-              "); use the same options to resume, or another TrainOptions::checkpoint_dir to start afresh");
+  const std::string expected = fingerprint(run.o, run.workers.world, run.cosine_steps);
+  TORCH_CHECK(same_run(saved.position().fingerprint, run.o, run.workers.world, run.cosine_steps), "checkpoint '",
+              run.checkpoint, "' belongs to a different run (", saved.position().fingerprint, ") than this one (",
+              expected, "); use the same options to resume, or another TrainOptions::checkpoint_dir to start afresh");
   if (run.fsdp)
     load_into_shards(run, [&](const TrainingObjects& whole) { saved.restore(whole); });
   else
     saved.restore(run.objects());  // the lr follows from the position (scheduled_lr)
-  check_sgd_options(run, "checkpoint '" + run.checkpoint + "'");
+  check_optimizer_options(run, "checkpoint '" + run.checkpoint + "'");
   run.position = saved.position();
   run.sums = run.workers.leader() ? run.position.epoch_sums : EpochSums{};  // global totals live on rank 0
   run.resumed = true;
@@ -63,17 +84,18 @@ void resume_from_pytorch(Run& run) {
   const std::string& path = run.o.resume_from();
   if (path.empty() || run.resumed) return;
   TORCH_CHECK(fs::is_regular_file(path), "TrainOptions::resume_from: no file '", path, "'");
-  // Under ZeRO and FSDP the file's state goes into an unsharded SGD first; each rank then keeps its shard's.
+  // Under ZeRO and FSDP the file's state goes into an unsharded optimizer first; each rank then keeps its
+  // shard's.
   PyTorchCheckpointContents c;
   auto* zero = run.zero();
-  std::unique_ptr<torch::optim::SGD> unsharded;
-  if (zero) unsharded = std::make_unique<torch::optim::SGD>(run.optimizer.param_groups(), sgd_options(run.o));
+  std::unique_ptr<torch::optim::Optimizer> unsharded;
+  if (zero) unsharded = plain_optimizer(run.optimizer.param_groups(), run.o, false);
   if (run.fsdp)
     load_into_shards(run, [&](const TrainingObjects& whole) { c = load_pytorch_training_checkpoint(path, whole); });
   else
     c = load_pytorch_training_checkpoint(path, {*run.model, zero ? *unsharded : run.optimizer, run.amp, run.sampler});
   if (zero) zero->load_from(*unsharded);
-  if (c.optimizer) check_sgd_options(run, "PyTorch checkpoint '" + path + "'");
+  if (c.optimizer) check_optimizer_options(run, "PyTorch checkpoint '" + path + "'");
   run.position.epoch = c.epoch;
   run.position.batch = c.batch;
   run.position.global_step = c.step;

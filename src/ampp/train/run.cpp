@@ -26,6 +26,7 @@ Run::Run(const TrainOptions& options, Workers workers_in)
   TORCH_CHECK(per_rank_batch >= 1, "TrainOptions::batch_size ", o.batch_size(),
               " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
   data_placement = place_data(data, device);
+  cosine_steps = cosine_steps_of(o, static_cast<int64_t>(sampler.size()) / per_rank_batch);
   if (fsdp) amp.set_found_inf_reducer(fsdp->found_inf_hook());  // each rank unscales only its shards
   if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark() && !o.deterministic());
 }
@@ -83,6 +84,34 @@ torch::optim::SGDOptions sgd_options(const TrainOptions& o) {
   return torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay());
 }
 
+// nanoGPT's AdamW (train.py: beta2 0.95 for its batch sizes; PyTorch's eps).
+torch::optim::AdamWOptions adamw_options(const TrainOptions& o) {
+  return torch::optim::AdamWOptions(o.lr()).betas({0.9, 0.95}).eps(1e-8).weight_decay(o.weight_decay());
+}
+
+std::vector<torch::optim::OptimizerParamGroup> param_groups_for(const std::vector<torch::Tensor>& params,
+                                                                const TrainOptions& o) {
+  using torch::optim::OptimizerParamGroup;
+  if (o.optimizer() == OptimizerKind::kSgd)
+    return {OptimizerParamGroup(params, std::make_unique<torch::optim::SGDOptions>(sgd_options(o)))};
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(adamw_options(o)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(adamw_options(o).weight_decay(0)));
+  return groups;
+}
+
+std::unique_ptr<torch::optim::Optimizer> plain_optimizer(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                                                         const TrainOptions& o, bool fused) {
+  if (o.optimizer() == OptimizerKind::kAdamW) {
+    if (fused) return std::make_unique<FusedAdamW>(groups, adamw_options(o));
+    return std::make_unique<torch::optim::AdamW>(groups, adamw_options(o));
+  }
+  if (fused) return std::make_unique<FusedSGD>(groups, sgd_options(o));
+  return std::make_unique<torch::optim::SGD>(groups, sgd_options(o));
+}
+
 // TrainOptions::fsdp with several workers: the model sharded, its sharding_units() the units. Before the
 // optimizer, which steps the shards; a resume then loads each rank's shards (load_into_shards).
 // On a GPU the shards are CUDA tensors, which the run's Gloo group reduces through the host (ampp's shared
@@ -96,15 +125,14 @@ std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
       model, model->sharding_units(), dist::FullyShardOptions().process_group(pg).shared_memory(shared_memory));
 }
 
-// SGD as the seeds use it; with TrainOptions::zero and several workers, its state sharded over them.
+// TrainOptions::optimizer; with TrainOptions::zero and several workers, its state sharded over them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
                                                         const dist::ProcessGroup& pg, bool on_a_gpu) {
-  // On a GPU, PyTorch's fused SGD kernel (TrainOptions::fused_optimizer): one launch for every parameter.
-  if (on_a_gpu && o.fused_optimizer() && !o.zero()) return std::make_unique<FusedSGD>(params, sgd_options(o));
-  if (!o.zero() || !pg) return std::make_unique<torch::optim::SGD>(params, sgd_options(o));
+  const auto groups = param_groups_for(params, o);
+  // On a GPU, PyTorch's fused kernels (TrainOptions::fused_optimizer): one launch for every parameter.
+  if (!o.zero() || !pg) return plain_optimizer(groups, o, on_a_gpu && o.fused_optimizer());
   return std::make_unique<dist::ZeroRedundancyOptimizer>(
-      std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(params)},
-      dist::ZeroRedundancyOptimizer::factory_of<torch::optim::SGD>(sgd_options(o)),
+      groups, [o](const std::vector<torch::optim::OptimizerParamGroup>& g) { return plain_optimizer(g, o, false); },
       dist::ZeroRedundancyOptimizerOptions().process_group(pg));
 }
 
@@ -142,7 +170,7 @@ std::string place_data(DatasetPair& data, const torch::Device& device) {
 
 // The run's identity in its checkpoint. The loss scale is part of it (a different one on resume would
 // be silently replaced by the checkpoint's); checkpoints written before it was added omit it.
-std::string fingerprint(const TrainOptions& o, int world, bool with_loss_scale) {
+std::string fingerprint(const TrainOptions& o, int world, int64_t cosine_steps, bool with_loss_scale) {
   std::string f = fmt::format("model={} data={} opt_level={} dtype={} batch_size={} world_size={} seed={}", o.model(),
                               dataset_name(data_spec(o)), to_string(o.opt_level()), c10::toString(o.dtype()),
                               o.batch_size(), world, o.seed());
@@ -150,12 +178,16 @@ std::string fingerprint(const TrainOptions& o, int world, bool with_loss_scale) 
     f += fmt::format(" context={} n_layer={} n_head={} n_embd={}", context_of(o), o.n_layer(), o.n_head(), o.n_embd());
   if (with_loss_scale) f += " loss_scale=" + amp_properties(o).loss_scale().to_string();
   if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
+  // Absent for SGD and StepLR, which every checkpoint before them used.
+  if (o.optimizer() != OptimizerKind::kSgd) f += " optimizer=" + to_string(o.optimizer());
+  if (o.lr_schedule() != LrSchedule::kStep)
+    f += fmt::format(" lr_schedule={} lr_decay_steps={}", to_string(o.lr_schedule()), cosine_steps);
   return f;
 }
 
-bool same_run(const std::string& saved, const TrainOptions& o, int world) {
+bool same_run(const std::string& saved, const TrainOptions& o, int world, int64_t cosine_steps) {
   const bool has_loss_scale = saved.find(" loss_scale=") != std::string::npos;
-  return saved == fingerprint(o, world, has_loss_scale);
+  return saved == fingerprint(o, world, cosine_steps, has_loss_scale);
 }
 
 std::string precision_label(const TrainOptions& o, const Amp& amp) {
@@ -164,21 +196,34 @@ std::string precision_label(const TrainOptions& o, const Amp& amp) {
                      amp.fp16_emulated() ? " (emulated on CPU)" : "", amp.properties().loss_scale().to_string());
 }
 
-double current_lr(torch::optim::Optimizer& opt) {
-  return static_cast<torch::optim::SGDOptions&>(opt.param_groups().front().options()).lr();
-}
+double current_lr(torch::optim::Optimizer& opt) { return opt.param_groups().front().options().get_lr(); }
 
 // The learning rate of a step in `epoch` after `steps_taken` optimizer steps (skipped ones excluded).
 // A function of the two counts, both in the checkpoint, so a resumed run gets the same schedule bit
 // for bit. The decay is LibTorch's StepLR stepped once per epoch (lr * gamma, multiplied in turn; its
 // first decay applies to epoch lr_step + 1, one epoch later than PyTorch's StepLR); warmup scales it.
-double scheduled_lr(const TrainOptions& o, int64_t epoch, int64_t steps_taken) {
+double scheduled_lr(const TrainOptions& o, int64_t epoch, int64_t steps_taken, int64_t cosine_steps) {
   double lr = o.lr();
+  if (o.lr_schedule() == LrSchedule::kCosine) {
+    // nanoGPT's get_lr after its warmup: min_lr + (lr - min_lr) * (1 + cos(pi * ratio)) / 2, min_lr = lr / 10.
+    const double ratio = std::clamp(
+        static_cast<double>(steps_taken - o.warmup_steps()) / static_cast<double>(std::max<int64_t>(cosine_steps, 1)),
+        0.0, 1.0);
+    const double min_lr = o.lr() / 10;
+    lr = min_lr + (o.lr() - min_lr) * 0.5 * (1.0 + std::cos(M_PI * ratio));
+  }
   for (int64_t e = 1; o.lr_step() > 0 && e < epoch; ++e)
     if (e % o.lr_step() == 0) lr = o.lr_gamma() * lr;
   if (steps_taken < o.warmup_steps())
     lr *= static_cast<double>(steps_taken + 1) / static_cast<double>(o.warmup_steps());
   return lr;
+}
+
+int64_t cosine_steps_of(const TrainOptions& o, int64_t steps_per_epoch) {
+  if (o.lr_decay_steps() > 0) return o.lr_decay_steps();
+  int64_t total = o.epochs() * steps_per_epoch;
+  if (o.steps() > 0) total = std::min(total, o.steps());
+  return std::max<int64_t>(total - o.warmup_steps(), 1);
 }
 
 int64_t steps_taken(const RunPosition& p) { return p.global_step - p.skipped_total; }

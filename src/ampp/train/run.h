@@ -154,6 +154,7 @@ struct Run {
   std::string communication;   // how DDP's workers reduce, said after the run's first line
   std::string data_placement;  // where the data lives, said there too
   std::string checkpoint;      // "" = no checkpoints
+  int64_t cosine_steps = 0;    // LrSchedule::kCosine: optimizer steps from the warmup's end to the floor
   RunPosition position;        // epoch/batch to start from; elapsed = seconds before this process
   EpochSums sums;              // the current epoch's running sums (this rank's; global totals on rank 0 after a save)
   bool resumed = false;
@@ -215,6 +216,15 @@ std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelO
                                              const torch::Device& device);
 
 torch::optim::SGDOptions sgd_options(const TrainOptions& o);
+torch::optim::AdamWOptions adamw_options(const TrainOptions& o);
+
+// The parameters as the optimizer's groups: one for SGD; for AdamW nanoGPT's two, the matrices with weight
+// decay and then every parameter of fewer than 2 dimensions (biases, norms' weights) without.
+std::vector<torch::optim::OptimizerParamGroup> param_groups_for(const std::vector<torch::Tensor>& params,
+                                                                const TrainOptions& o);
+// TrainOptions::optimizer over `groups`, unsharded; ampp's fused kernel (one launch for all) when `fused`.
+std::unique_ptr<torch::optim::Optimizer> plain_optimizer(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                                                         const TrainOptions& o, bool fused);
 
 // TrainOptions::fsdp with several workers: the model sharded, its sharding_units() the units. Before the
 // optimizer, which steps the shards; a resume then loads each rank's shards (load_into_shards).
@@ -224,7 +234,7 @@ std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
                                                           const std::shared_ptr<ClassifierImpl>& model,
                                                           const dist::ProcessGroup& pg, const torch::Device& device);
 
-// SGD as the seeds use it; with TrainOptions::zero and several workers, its state sharded over them.
+// TrainOptions::optimizer; with TrainOptions::zero and several workers, its state sharded over them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
                                                         const dist::ProcessGroup& pg, bool on_a_gpu);
 
@@ -238,9 +248,11 @@ std::string place_data(DatasetPair& data, const torch::Device& device);
 
 // The run's identity in its checkpoint. The loss scale is part of it (a different one on resume would
 // be silently replaced by the checkpoint's); checkpoints written before it was added omit it.
-std::string fingerprint(const TrainOptions& o, int world, bool with_loss_scale = true);
+// Under the cosine schedule its length, `cosine_steps` (Run::cosine_steps), is part of it: resumed with more
+// epochs or steps, the curve would not be the one the checkpoint's steps followed.
+std::string fingerprint(const TrainOptions& o, int world, int64_t cosine_steps, bool with_loss_scale = true);
 
-bool same_run(const std::string& saved, const TrainOptions& o, int world);
+bool same_run(const std::string& saved, const TrainOptions& o, int world, int64_t cosine_steps);
 
 std::string precision_label(const TrainOptions& o, const Amp& amp);
 
@@ -248,9 +260,13 @@ double current_lr(torch::optim::Optimizer& opt);
 
 // The learning rate of a step in `epoch` after `steps_taken` optimizer steps (skipped ones excluded).
 // A function of the two counts, both in the checkpoint, so a resumed run gets the same schedule bit
-// for bit. The decay is LibTorch's StepLR stepped once per epoch (lr * gamma, multiplied in turn; its
-// first decay applies to epoch lr_step + 1, one epoch later than PyTorch's StepLR); warmup scales it.
-double scheduled_lr(const TrainOptions& o, int64_t epoch, int64_t steps_taken);
+// for bit. LrSchedule::kStep: LibTorch's StepLR stepped once per epoch (lr * gamma, multiplied in turn;
+// its first decay applies to epoch lr_step + 1, one epoch later than PyTorch's StepLR). kCosine: nanoGPT's
+// cosine from lr to lr / 10 over `cosine_steps` steps after the warmup. Warmup scales either.
+double scheduled_lr(const TrainOptions& o, int64_t epoch, int64_t steps_taken, int64_t cosine_steps);
+// The cosine's length for a run of `steps_per_epoch`: TrainOptions::lr_decay_steps, or the steps left after
+// the warmup until the run's last (at least 1).
+int64_t cosine_steps_of(const TrainOptions& o, int64_t steps_per_epoch);
 
 int64_t steps_taken(const RunPosition& p);
 

@@ -91,7 +91,7 @@ void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBa
     record_operators(run, false);
     run.clock.lap(StepPhase::kData);
     const bool reads = reads_after_step(run);  // the position before the step decides
-    run_step(run, *next, scheduled_lr(o, epoch, steps_taken(run.position)));
+    run_step(run, *next, scheduled_lr(o, epoch, steps_taken(run.position), run.cosine_steps));
     count_step(run);
     dist::report_progress(run.position.global_step);
     ++meter.steps;
@@ -128,7 +128,7 @@ struct EpochStart {
 
 // A finished epoch: the next epoch's lr, the epoch record and progress line, the epoch-end checkpoint.
 void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStart& start, ProgressBar* bar) {
-  detail::set_lr(run.optimizer, scheduled_lr(run.o, epoch + 1, steps_taken(run.position)));
+  detail::set_lr(run.optimizer, scheduled_lr(run.o, epoch + 1, steps_taken(run.position), run.cosine_steps));
   run.epochs_done = epoch + 1;
   const double seconds = std::chrono::duration<double>(Clock::now() - start.time).count();
   const double train_accuracy = 100.0 * totals.correct / std::max(totals.seen, 1.0);
