@@ -1,5 +1,6 @@
 // `ampp train --device cuda` on a real GPU: the eager step reads nothing on the host between two log points
-// at every opt level (c10's sync debug mode set to error around each step), the graphed trainer trains as
+// at every opt level (c10's sync debug mode set to error around each step), with SGD and with AdamW under
+// the cosine schedule, the graphed trainer trains as
 // the eager one at every opt level and resumes from its checkpoints, and two workers share one GPU with
 // DDP, SyncBatchNorm, ZeRO, FSDP and resume against one worker on the same global batch.
 #include <ampp/train/options.h>
@@ -91,6 +92,28 @@ TEST(GpuTrain, TheEagerStepReadsNothingOnTheHostBetweenLogPointsAtEveryOptLevel)
     const FaultsFor faults(sync_is_an_error);
     Summary s;
     ASSERT_NO_THROW(s = ampp::train::train(gpu_run(tmp.path(), p)));
+    EXPECT_EQ(s.steps, 32);
+    EXPECT_GE(s.skipped_steps, 1) << "the inf at step 5, skipped on the device";
+    EXPECT_TRUE(std::isfinite(s.train_loss));
+    EXPECT_GT(s.test_accuracy, 50.0);
+  }
+}
+
+// ampp::FusedAdamW (nanoGPT's two param groups, masters in both at O2) under the cosine schedule, which
+// sets a new lr every step: still nothing read on the host between log points.
+TEST(GpuTrain, AdamWAndTheCosineScheduleReadNothingOnTheHostBetweenLogPoints) {
+  AMPP_REQUIRE_GPU();
+  for (const auto& p : every_level()) {
+    SCOPED_TRACE(p.name);
+    ampp_test::TempDir tmp;
+    const FaultsFor faults(sync_is_an_error);
+    Summary s;
+    ASSERT_NO_THROW(s = ampp::train::train(gpu_run(tmp.path(), p)
+                                               .optimizer(ampp::train::OptimizerKind::kAdamW)
+                                               .lr(1e-3)
+                                               .weight_decay(0.1)
+                                               .lr_schedule(ampp::train::LrSchedule::kCosine)
+                                               .warmup_steps(4)));
     EXPECT_EQ(s.steps, 32);
     EXPECT_GE(s.skipped_steps, 1) << "the inf at step 5, skipped on the device";
     EXPECT_TRUE(std::isfinite(s.train_loss));

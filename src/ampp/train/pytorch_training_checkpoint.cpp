@@ -46,17 +46,23 @@ AmpStateDict amp_state(const c10::impl::GenericDict& scaler, const c10::impl::Ge
 }  // namespace
 
 std::vector<std::pair<std::string, torch::Tensor>> named_master_params(const torch::nn::Module& model, const Amp& amp) {
+  const auto named = model.named_parameters();
   std::map<const c10::TensorImpl*, std::string> names;
-  for (const auto& p : model.named_parameters()) names.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  for (const auto& p : named) names.emplace(p.value().unsafeGetTensorImpl(), p.key());
   const auto masters = amp.master_params();
   const auto owners = amp.model_params_of_masters();
-  TORCH_INTERNAL_ASSERT(names.size() == masters.size(), "one master per model parameter");
+  TORCH_INTERNAL_ASSERT(named.size() == masters.size(), "one master per model parameter");
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (size_t i = 0; i < masters.size(); ++i) {
     const auto name = names.find(owners[i].unsafeGetTensorImpl());
-    TORCH_INTERNAL_ASSERT(name != names.end(), "a master whose model parameter is not the model's");
+    if (name == names.end()) break;
     out.emplace_back(name->second, masters[i]);
   }
+  if (out.size() == masters.size()) return out;
+  // Masters of parameters that are not this module's (FSDP's shards, for the whole model gathered to be
+  // saved): by position, the module's order, as FSDP keeps one param group (TrainOptions::fsdp takes SGD).
+  out.clear();
+  for (size_t i = 0; i < masters.size(); ++i) out.emplace_back(named[i].key(), masters[i]);
   return out;
 }
 
