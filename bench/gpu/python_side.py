@@ -151,7 +151,7 @@ def run(args):
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def profile_kernels(step, steps, device, sync, top=15):
+def profile_kernels(step, steps, device, sync, top=20):  # as many as kernel_profile.cpp's caller keeps
     """As ampp_gpu_bench's kernel_profile.cpp: a GPU's kernels, copies and sets, or on a CPU ATen's operators
     (inclusive), their time summed by name."""
     from torch.profiler import ProfilerActivity, profile
