@@ -100,8 +100,9 @@ TEST(GpuTrain, TheEagerStepReadsNothingOnTheHostBetweenLogPointsAtEveryOptLevel)
 }
 
 // ampp::FusedAdamW (nanoGPT's two param groups, masters in both at O2) under the cosine schedule, which
-// sets a new lr every step: still nothing read on the host between log points.
-TEST(GpuTrain, AdamWAndTheCosineScheduleReadNothingOnTheHostBetweenLogPoints) {
+// sets a new lr every step, with two micro-batches a step (the first backward's gradients left scaled):
+// still nothing read on the host between log points.
+TEST(GpuTrain, AdamWTheCosineScheduleAndGradientAccumulationReadNothingOnTheHostBetweenLogPoints) {
   AMPP_REQUIRE_GPU();
   for (const auto& p : every_level()) {
     SCOPED_TRACE(p.name);
@@ -113,7 +114,8 @@ TEST(GpuTrain, AdamWAndTheCosineScheduleReadNothingOnTheHostBetweenLogPoints) {
                                                .lr(1e-3)
                                                .weight_decay(0.1)
                                                .lr_schedule(ampp::train::LrSchedule::kCosine)
-                                               .warmup_steps(4)));
+                                               .warmup_steps(4)
+                                               .grad_accum(2)));
     EXPECT_EQ(s.steps, 32);
     EXPECT_GE(s.skipped_steps, 1) << "the inf at step 5, skipped on the device";
     EXPECT_TRUE(std::isfinite(s.train_loss));

@@ -4,6 +4,7 @@
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include "ampp/train/report_json.h"
 
 #include <filesystem>
@@ -67,6 +68,10 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--lr-decay-steps 100", "--lr-decay-steps sets the cosine schedule's length; add --lr-schedule cosine"},
       {"--lr-schedule cosine --lr-decay-steps=-1", "--lr-decay-steps must be 0 (to the run's last step)"},
       {"--fsdp --optimizer adamw", "AdamW under FSDP is not built yet"},
+      {"--grad-accum 0", "--grad-accum must be 1 (off) to 4096 micro-batches"},
+      {"--grad-accum 3", "--grad-accum 3 does not divide --batch-size 128 into equal micro-batches"},
+      {"--grad-accum 2 --fsdp", "--grad-accum under FSDP is not built yet"},
+      {"--grad-accum 64 --batch-size 64 --nproc 2", "does not divide each worker's batch of 32"},
       {"--cuda-graphs --lr-schedule cosine", "the cosine schedule changes the lr every step"},
       {"--data /nonexistent/folder --nproc 1", "dataset folder '/nonexistent/folder' does not exist"},
       {"--device tpu", "--device must be cpu, cuda or cuda:N, got 'tpu'"},
@@ -153,6 +158,40 @@ TEST(TrainCli, MidEpochResumeIsBitIdentical) {
 // Warmup counts optimizer steps taken: the step skipped for an (injected) inf loss does not advance
 // it, so the next step uses the same warmup lr. (PyTorch: "Detected call of lr_scheduler.step() before
 // optimizer.step()" when a GradScaler skips, and a schedule that runs ahead of the optimizer.)
+// Gradient accumulation: four micro-batches of 8 make the step of the batch of 32, to rounding (the mlp,
+// which has no BatchNorm, whose statistics are per micro-batch), with fp16's scaler (the micro-batches'
+// gradients stay scaled until the last) and over two workers (one allreduce per step) at O2. Four steps:
+// far from the synthetic data's near-zero loss, where relative rounding would dominate.
+TEST(TrainCli, GradAccumTrainsAsTheWholeBatch) {
+  for (const std::string flags :
+       {"--nproc 1 --opt-level O0", "--nproc 1 --opt-level O1 --dtype fp16", "--nproc 2 --opt-level O2 --dtype bf16"}) {
+    SCOPED_TRACE(flags);
+    ampp_test::TempDir tmp;
+    const auto run = [&](const std::string& name, const std::string& extra) {
+      const auto r = run_ampp(
+          "train --data synthetic:512 --model mlp --batch-size 32 --steps 4 --epochs 1 "
+          "--deterministic "
+          "--threads 1 --quiet --no-plots --out " +
+          (tmp.path() / name).string() + " " + flags + extra);
+      EXPECT_EQ(r.code, 0) << r.output;
+      return nlohmann::json::parse(std::ifstream(tmp.path() / name / "summary.json"));
+    };
+    const auto whole = run("whole", ""), accumulated = run("accumulated", " --grad-accum 4");
+    EXPECT_EQ(accumulated.at("steps"), whole.at("steps"));
+    for (const char* loss : {"train_loss", "test_loss"}) {
+      const double want = whole.at(loss).get<double>();
+      EXPECT_NEAR(accumulated.at(loss).get<double>(), want, 1e-3 * want) << loss;
+    }
+    const double other = run("other", " --lr 0.2").at("test_loss").get<double>();
+    EXPECT_GT(std::abs(other - whole.at("test_loss").get<double>()), 1e-2)
+        << "a comparison that can fail: another lr trains another model";
+  }
+}
+
+TEST(TrainCli, GradAccumResumesBitIdenticallyTwoWorkers) {
+  check_resume_is_exact("--nproc 2 --opt-level O1 --dtype fp16 --grad-accum 2");
+}
+
 TEST(TrainCli, WarmupCountsOnlyTheStepsTaken) {
   ampp_test::TempDir tmp;
   const auto r = ampp_test::run_shell(

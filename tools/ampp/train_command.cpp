@@ -91,6 +91,9 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
                         "cosine: optimizer steps after the warmup to reach lr/10 (0: the run's last step)");
   ampp::cli::add_number(sub, "--warmup-steps", o.warmup_steps(),
                         "linear lr warmup over this many optimizer steps taken (skipped steps do not count; 0: off)");
+  ampp::cli::add_number(sub, "--grad-accum", o.grad_accum(),
+                        "run each step's batch as this many equal micro-batches, gradients accumulated (less memory; "
+                        "nanoGPT's gradient_accumulation_steps at the same --batch-size)");
   ampp::cli::add_number(sub, "--clip-grad-norm", o.clip_grad_norm(),
                         "clip the (unscaled) gradient norm to this (0: off)");
   ampp::cli::add_number(sub, "--seed", o.seed(), "seed for weights, data order and synthetic data");

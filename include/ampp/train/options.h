@@ -60,6 +60,12 @@ struct TrainOptions {
   // Linear warmup: the k-th optimizer step taken uses lr * k / warmup_steps until k reaches it. A step
   // skipped for inf/NaN gradients does not count (nor advance the schedule); 0 = off.
   TORCH_ARG(int64_t, warmup_steps) = 0;
+  // Gradient accumulation: each optimizer step's batch (each worker's share of batch_size) runs as this many
+  // equal micro-batches, forward and backward one at a time, each loss divided by their number (nanoGPT's
+  // gradient_accumulation_steps, at the same global batch). Under a loss scaler all but the last backward
+  // leave the gradients scaled (apex's delay_unscale); under DDP all but the last skip the allreduce
+  // (no_sync). Less activation memory, the same step in exact arithmetic (not BatchNorm's statistics).
+  TORCH_ARG(int64_t, grad_accum) = 1;
   // clip_grad_norm_ on the (unscaled) master gradients; 0 = off.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
   // BatchNorm statistics over the whole global batch (ampp::dist::SyncBatchNorm) instead of each

@@ -69,6 +69,11 @@ void validate_optimization(const TrainOptions& o) {
               "TrainOptions::lr_decay_steps sets the cosine schedule's length; add --lr-schedule cosine or drop it");
   TORCH_CHECK(o.warmup_steps() >= 0, "TrainOptions::warmup_steps must be 0 (off) or a positive number of steps, got ",
               o.warmup_steps());
+  TORCH_CHECK(o.grad_accum() >= 1 && o.grad_accum() <= 4096,
+              "TrainOptions::grad_accum must be 1 (off) to 4096 micro-batches, got ", o.grad_accum());
+  TORCH_CHECK(o.batch_size() % o.grad_accum() == 0, "TrainOptions::grad_accum ", o.grad_accum(),
+              " does not divide TrainOptions::batch_size ", o.batch_size(),
+              " into equal micro-batches; use a batch size that is a multiple of it");
   TORCH_CHECK(o.max_consecutive_skips() >= 0,
               "TrainOptions::max_consecutive_skips must be 0 (never stop) or a positive number of steps, got ",
               o.max_consecutive_skips());
@@ -87,6 +92,9 @@ void validate_fsdp(const TrainOptions& o) {
       ": FSDP keeps FP32 shards itself, so apex's FP32 masters (O2) and a low-precision model (O3) do not apply; "
       "use -O0 or -O1 (autocast)");
   TORCH_CHECK(!o.zero(), "TrainOptions::fsdp already shards the optimizer state; drop --zero");
+  TORCH_CHECK(o.grad_accum() == 1,
+              "TrainOptions::grad_accum under FSDP is not built yet (its gradients are "
+              "reduced into shards at every backward); use DDP or --zero, or drop it");
   TORCH_CHECK(o.optimizer() == OptimizerKind::kSgd,
               "TrainOptions::fsdp shards SGD's state; AdamW under FSDP is not built yet: use DDP (drop --fsdp) or "
               "--zero, which shards AdamW's state");

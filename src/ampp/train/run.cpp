@@ -25,6 +25,10 @@ Run::Run(const TrainOptions& options, Workers workers_in)
       checkpoint(o.checkpoint_dir().empty() ? "" : checkpoint_path(o)) {
   TORCH_CHECK(per_rank_batch >= 1, "TrainOptions::batch_size ", o.batch_size(),
               " is smaller than the number of workers (", workers.world, "); use at least one image per worker");
+  TORCH_CHECK(per_rank_batch % o.grad_accum() == 0, "TrainOptions::grad_accum ", o.grad_accum(),
+              " does not divide each worker's batch of ", per_rank_batch, " (batch_size ", o.batch_size(), " over ",
+              workers.world, " workers) into equal micro-batches; use a batch size that is a multiple of ",
+              o.grad_accum() * workers.world);
   data_placement = place_data(data, device);
   cosine_steps = cosine_steps_of(o, static_cast<int64_t>(sampler.size()) / per_rank_batch);
   if (fsdp) amp.set_found_inf_reducer(fsdp->found_inf_hook());  // each rank unscales only its shards
@@ -178,6 +182,7 @@ std::string fingerprint(const TrainOptions& o, int world, int64_t cosine_steps, 
     f += fmt::format(" context={} n_layer={} n_head={} n_embd={}", context_of(o), o.n_layer(), o.n_head(), o.n_embd());
   if (with_loss_scale) f += " loss_scale=" + amp_properties(o).loss_scale().to_string();
   if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
+  if (o.grad_accum() > 1) f += fmt::format(" grad_accum={}", o.grad_accum());        // other rounding
   // Absent for SGD and StepLR, which every checkpoint before them used.
   if (o.optimizer() != OptimizerKind::kSgd) f += " optimizer=" + to_string(o.optimizer());
   if (o.lr_schedule() != LrSchedule::kStep)

@@ -143,33 +143,64 @@ std::vector<std::string> overflowed_before_step(Run& run, const torch::Tensor& n
   return skips ? non_finite_gradient_names(named_gradient_holders(run)) : std::vector<std::string>{};
 }
 
+torch::Tensor forward_logits(Run& run, const torch::Tensor& data) {
+  ShardedForward sharded{run.fsdp.get()};
+  const torch::Tensor logits = run.ddp    ? run.amp.forward(*run.ddp, data)
+                               : run.fsdp ? run.amp.forward(sharded, data)
+                                          : run.amp.forward(run.model, data);
+  return logits.to(torch::kFloat32);
+}
+
+// A step's forward and backward: its whole batch, or TrainOptions::grad_accum equal micro-batches, each
+// loss divided by their number. All but the last backward leave the gradients scaled (apex's
+// delay_unscale) and, under DDP, on this rank (no_sync). The whole batch's logits and mean loss, and the
+// last scaled loss, whose scale is the step's.
+struct ForwardBackward {
+  torch::Tensor logits, loss;
+  std::optional<ScaledLoss> scaled;
+};
+
+ForwardBackward forward_backward(Run& run, const torch::Tensor& data, const torch::Tensor& target) {
+  const int64_t n = run.o.grad_accum();
+  const auto micro_data = data.chunk(n), micro_target = target.chunk(n);
+  std::vector<torch::Tensor> logits, losses;
+  ForwardBackward out;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool last = i + 1 == n;
+    std::optional<dist::NoSyncGuard> local;
+    if (run.ddp && !last) local.emplace(run.ddp->no_sync());
+    logits.push_back(forward_logits(run, micro_data[i]));
+    const auto loss = classification_loss(logits.back(), micro_target[i]);
+    losses.push_back(loss.detach());
+    out.scaled.emplace(run.amp.scale_loss(maybe_inject_inf(run, n == 1 ? loss : loss / static_cast<double>(n)),
+                                          ScaleLossOptions().delay_unscale(!last)));
+    run.clock.lap(StepPhase::kForward);
+    out.scaled->backward();
+    run.clock.lap(StepPhase::kBackward);
+  }
+  out.logits = n == 1 ? logits[0].detach() : torch::cat(logits).detach();
+  out.loss = n == 1 ? losses[0] : torch::stack(losses).mean();  // equal micro-batches: the batch's mean
+  return out;
+}
+
 // One training step, queued with nothing read on the host (a CUDA graph captures it), but for what a
 // trainer that reads every step asks (overflowed_before_step) and the doctor's inspection.
 detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const torch::Tensor& target) {
   Amp& amp = run.amp;
   amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/amp.h)
   run.buffer_guard.save();
-  ShardedForward sharded{run.fsdp.get()};
-  torch::Tensor logits = run.ddp    ? amp.forward(*run.ddp, data)
-                         : run.fsdp ? amp.forward(sharded, data)
-                                    : amp.forward(run.model, data);
-  logits = logits.to(torch::kFloat32);
-  auto loss = classification_loss(logits, target);
-  auto scaled = amp.scale_loss(maybe_inject_inf(run, loss));
-  run.clock.lap(StepPhase::kForward);
-  scaled.backward();
-  run.clock.lap(StepPhase::kBackward);
+  auto [logits, loss, scaled] = forward_backward(run, data, target);
   if (run.ddp) run.clock.move(StepPhase::kBackward, StepPhase::kAllreduceWait, allreduce_wait_seconds(*run.ddp));
-  if (run.ranges) run.ranges->observe(named_master_gradients(run), scaled.scale(), loss.item<double>());
+  if (run.ranges) run.ranges->observe(named_master_gradients(run), scaled->scale(), loss.item<double>());
   const torch::Tensor non_finite = amp.checks_overflow() ? torch::Tensor() : unscaled_gradients_non_finite(run);
   run.step_overflowed = overflowed_before_step(run, non_finite);
   clip_gradients(run);  // a skipped step's clipped gradients are never used
   const torch::Tensor skipped = step_optimizer(run, non_finite);
   run.buffer_guard.restore_where_non_finite();  // also after a taken step: x*x can overflow while x did not
   if (run.ranges && run.first_non_finite.is_null() && skipped.defined() && skipped.item<float>() != 0.0F)
-    locate_first_non_finite(run, Batch{data, target}, scaled.scale());
+    locate_first_non_finite(run, Batch{data, target}, scaled->scale());
   run.clock.lap(StepPhase::kOptimizer);
-  return {logits.detach(), loss.detach(), skipped};
+  return {logits, loss, skipped};
 }
 
 }  // namespace
