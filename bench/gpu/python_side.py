@@ -276,7 +276,8 @@ def serve(p):
                 out = run(case_args(p, request))
         except (Exception, SystemExit) as e:  # a failed case says why; the process goes on
             out = {"side": "python", "error": f"{type(e).__name__}: {e}"}
-        torch._dynamo.reset() if hasattr(torch, "_dynamo") else None  # compiled code of one case only
+        if hasattr(torch, "_dynamo"):
+            torch._dynamo.reset()  # compiled code of one case only
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         print(json.dumps(out), flush=True)

@@ -44,6 +44,18 @@ std::string gpt_run(const fs::path& dir, const std::string& extra) {
          (dir / "out").string() + " --checkpoint-dir " + (dir / "ckpt").string() + " " + extra;
 }
 
+// Trains with `flags`, then opens its checkpoint.pt in Python (pytorch_gpt.py): what that printed, or a skip
+// where no Python torch is usable.
+std::string python_reads_checkpoint_of(const fs::path& dir, const std::string& flags) {
+  auto r = run_ampp(gpt_run(dir, flags));
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = ampp_test::run_shell(std::string(AMPP_PYTHON) + " " + AMPP_TEST_DIR + "/pytorch_gpt.py " +
+                           (dir / "ckpt" / "checkpoint.pt").string());
+  if (r.code == 3) return "skip: no usable Python torch: " + r.output;
+  EXPECT_EQ(r.code, 0) << r.output;
+  return r.output;
+}
+
 nlohmann::json gpt_summary_json(const fs::path& dir) {
   return nlohmann::json::parse(std::ifstream(dir / "out" / "summary.json"));
 }
@@ -67,13 +79,9 @@ TEST(GptCli, ResumeIsBitIdenticalTwoWorkersO2) {
 
 TEST(GptCli, CheckpointLoadsStrictlyIntoThePythonModel) {
   ampp_test::TempDir tmp;
-  auto r = run_ampp(gpt_run(tmp.path(), "--nproc 1 --steps 4 --opt-level O1 --dtype bf16"));
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = ampp_test::run_shell(std::string(AMPP_PYTHON) + " " + AMPP_TEST_DIR + "/pytorch_gpt.py " +
-                           (tmp.path() / "ckpt" / "checkpoint.pt").string());
-  if (r.code == 3) GTEST_SKIP() << "no usable Python torch: " << r.output;
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("loaded 28 tensors, step 4"), std::string::npos) << r.output;
+  const auto out = python_reads_checkpoint_of(tmp.path(), "--nproc 1 --steps 4 --opt-level O1 --dtype bf16");
+  if (out.rfind("skip: ", 0) == 0) GTEST_SKIP() << out;
+  EXPECT_NE(out.find("loaded 28 tensors, step 4"), std::string::npos) << out;
 }
 
 // nanoGPT's get_lr, written from its train.py: linear warmup (ampp's: lr * (k + 1) / warmup for the k-th step
@@ -124,18 +132,14 @@ TEST(GptCli, TheCosineOverTheRunRefusesAResumeThatChangesItsLength) {
 
 TEST(GptCli, AdamWStateLoadsIntoNanoGptsOptimizerInPython) {
   ampp_test::TempDir tmp;
-  auto r = run_ampp(
-      gpt_run(tmp.path(), "--nproc 1 --steps 4 --opt-level O2 --dtype bf16 --optimizer adamw --weight-decay 0.1"));
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = ampp_test::run_shell(std::string(AMPP_PYTHON) + " " + AMPP_TEST_DIR + "/pytorch_gpt.py " +
-                           (tmp.path() / "ckpt" / "checkpoint.pt").string());
-  if (r.code == 3) GTEST_SKIP() << "no usable Python torch: " << r.output;
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("loaded 28 tensors, step 4"), std::string::npos) << r.output;
+  const auto out = python_reads_checkpoint_of(
+      tmp.path(), "--nproc 1 --steps 4 --opt-level O2 --dtype bf16 --optimizer adamw --weight-decay 0.1");
+  if (out.rfind("skip: ", 0) == 0) GTEST_SKIP() << out;
+  EXPECT_NE(out.find("loaded 28 tensors, step 4"), std::string::npos) << out;
   // nanoGPT's groups: 10 matrices (embeddings, attention and MLP weights) with decay 0.1, 18 without.
-  EXPECT_NE(r.output.find("adamw: groups of 10 and 18 tensors, weight decay 0.1 and 0, step 4, stepped once more"),
+  EXPECT_NE(out.find("adamw: groups of 10 and 18 tensors, weight decay 0.1 and 0, step 4, stepped once more"),
             std::string::npos)
-      << r.output;
+      << out;
 }
 
 TEST(GptCli, ModelsAndDataMustMatch) {

@@ -178,6 +178,7 @@ ForwardBackward forward_backward(Run& run, const torch::Tensor& data, const torc
     out.scaled->backward();
     run.clock.lap(StepPhase::kBackward);
   }
+  // One batch (the default) takes no division, copy or mean: the step's kernels as without accumulation.
   out.logits = n == 1 ? logits[0].detach() : torch::cat(logits).detach();
   out.loss = n == 1 ? losses[0] : torch::stack(losses).mean();  // equal micro-batches: the batch's mean
   return out;
