@@ -3,6 +3,7 @@
 // With --optimizer adamw and --lr-schedule cosine it trains as nanoGPT does: its schedule, its AdamW groups
 // (checked by loading the checkpoint's optimizer state into nanoGPT's AdamW in Python).
 #include <ampp/train/metrics.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -73,8 +74,10 @@ TEST(GptCli, LearnsTextBelowTheUnigramBaseline) {
   EXPECT_GT(s.at("tokens_per_sec").get<double>(), 0);
 }
 
+// With a GPT's defaults (nanoGPT's AdamW, cosine and clipping); the cosine's length given, as the first half
+// runs with --epochs 1.
 TEST(GptCli, ResumeIsBitIdenticalTwoWorkersO2) {
-  ampp_test::check_resume_is_exact("--nproc 2 --opt-level O2 --dtype bf16", gpt_run);
+  ampp_test::check_resume_is_exact("--nproc 2 --opt-level O2 --dtype bf16 --lr-decay-steps 40", gpt_run);
 }
 
 TEST(GptCli, CheckpointLoadsStrictlyIntoThePythonModel) {
@@ -118,16 +121,23 @@ TEST(GptCli, AdamWWithZeroAndTheCosineScheduleResumesBitIdentically) {
 }
 
 // Without --lr-decay-steps the cosine spans the run: one continued with more epochs would follow another
-// curve than its first steps did, so the checkpoint says it belongs to another run.
+// curve than its first steps did, so the resume is refused, naming the length that continues the first.
 TEST(GptCli, TheCosineOverTheRunRefusesAResumeThatChangesItsLength) {
   ampp_test::TempDir tmp;
   const std::string flags = "--nproc 1 --opt-level O1 --dtype bf16 --optimizer adamw --lr-schedule cosine";
   auto r = run_ampp(gpt_run(tmp.path(), "--epochs 1 " + flags));
   ASSERT_EQ(r.code, 0) << r.output;
+  const int64_t epoch_steps = gpt_summary_json(tmp.path()).at("steps").get<int64_t>();  // the first run's length
   r = run_ampp(gpt_run(tmp.path(), "--epochs 2 --resume " + flags));
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("belongs to a different run"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("lr_schedule=cosine lr_decay_steps="), std::string::npos) << r.output;
+  const std::string first_length = fmt::format(
+      "a run whose cosine schedule decays over {} steps, and this one's would decay over {}", epoch_steps,
+      2 * epoch_steps);
+  EXPECT_NE(r.output.find(first_length), std::string::npos) << r.output;
+  const std::string fix = fmt::format("set --lr-decay-steps to {} to continue on its curve", epoch_steps);
+  EXPECT_NE(r.output.find(fix), std::string::npos) << r.output;
+  r = run_ampp(gpt_run(tmp.path(), fmt::format("--epochs 2 --resume --lr-decay-steps {} ", epoch_steps) + flags));
+  EXPECT_EQ(r.code, 0) << r.output;
 }
 
 TEST(GptCli, AdamWStateLoadsIntoNanoGptsOptimizerInPython) {
@@ -140,6 +150,23 @@ TEST(GptCli, AdamWStateLoadsIntoNanoGptsOptimizerInPython) {
   EXPECT_NE(out.find("adamw: groups of 10 and 18 tensors, weight decay 0.1 and 0, step 4, stepped once more"),
             std::string::npos)
       << out;
+}
+
+// The other way: nanoGPT's optimizer in Python takes a step from ampp's state and saves both; ampp continues
+// from that file with AdamW's moments and step counts, and its own checkpoint then counts on from Python's.
+TEST(GptCli, AdamWStateFromPythonContinuesInAmpp) {
+  ampp_test::TempDir first, second;
+  const std::string flags = "--nproc 1 --opt-level O2 --dtype bf16 --lr-decay-steps 10";
+  auto out = python_reads_checkpoint_of(first.path(), flags + " --steps 4");
+  if (out.rfind("skip: ", 0) == 0) GTEST_SKIP() << out;
+  const auto from_python = first.path() / "python.pt";
+  auto r = ampp_test::run_shell(std::string(AMPP_PYTHON) + " " + AMPP_TEST_DIR + "/pytorch_gpt.py " +
+                                (first.path() / "ckpt" / "checkpoint.pt").string() + " " + from_python.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_NE(r.output.find("saved step 5"), std::string::npos) << r.output;
+  out = python_reads_checkpoint_of(second.path(), flags + " --steps 7 --resume-from " + from_python.string());
+  EXPECT_NE(out.find("loaded 28 tensors, step 7"), std::string::npos) << out;
+  EXPECT_NE(out.find("weight decay 0.1 and 0, step 7, stepped once more"), std::string::npos) << out;
 }
 
 TEST(GptCli, ModelsAndDataMustMatch) {

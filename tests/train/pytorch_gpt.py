@@ -1,9 +1,10 @@
 """Opens an `ampp train --model gpt-*` checkpoint.pt with plain torch.load and loads its model strictly
 into the Python twin (examples/python/gpt.py), sizes read from the tensors. With AdamW's state in it
 (`--optimizer adamw`), loads that into nanoGPT's optimizer (train.py's configure_optimizers: the parameters of
-2 or more dimensions with weight decay, the others without) and takes one more step with it.
+2 or more dimensions with weight decay, the others without) and takes one more step with it; with SAVE_TO,
+writes the model and optimizer after that step as a training checkpoint that `ampp train --resume-from` reads.
 
-    python pytorch_gpt.py CHECKPOINT_PT     (exit 3: no usable torch here)
+    python pytorch_gpt.py CHECKPOINT_PT [SAVE_TO]     (exit 3: no usable torch here)
 """
 import os
 import sys
@@ -52,3 +53,7 @@ if "betas" in optimizer.get("param_groups", [{}])[0]:
     decays = [g["weight_decay"] for g in opt.param_groups]
     print(f"adamw: groups of {sizes[0]} and {sizes[1]} tensors, weight decay {decays[0]:g} and {decays[1]:g}, "
           f"step {','.join(map(str, sorted(steps)))}, stepped once more")
+    if len(sys.argv) > 2:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": ckpt.get("scaler", {}),
+                    "epoch": ckpt["epoch"], "batch": ckpt["batch"] + 1, "step": ckpt["step"] + 1}, sys.argv[2])
+        print(f"saved step {ckpt['step'] + 1}")

@@ -76,27 +76,45 @@ std::optional<T> parse_as(const std::string& text) {
   }
 }
 
-// A number flag bound to `field`, parsed by parse_as<T>: not CLI11's own conversion, which turns
-// 99999999999999999999 into INT64_MAX without a word. The field's value is the shown default.
+// A CLI11 validator that accepts what parse_as<T> reads.
 template <typename T>
-CLI::Option* add_number(CLI::App& sub, const std::string& name, T& field, const std::string& help) {
+CLI::Validator number_check() {
   std::string kind = "a finite number";
   if constexpr (std::is_integral_v<T>) {
     // parse_int reads int64, so an unsigned field's largest value is int64's.
     const auto largest = std::min<uint64_t>(std::numeric_limits<T>::max(), std::numeric_limits<int64_t>::max());
     kind = fmt::format("an integer in {}..{}", std::numeric_limits<T>::min(), largest);
   }
-  auto check = CLI::Validator(
+  return CLI::Validator(
       [kind](std::string& text) -> std::string {
         return parse_as<T>(text) ? std::string() : "'" + text + "' is not " + kind;
       },
       "", std::is_integral_v<T> ? "INT" : "NUMBER");
+}
+
+// A number flag bound to `field`, parsed by parse_as<T>: not CLI11's own conversion, which turns
+// 99999999999999999999 into INT64_MAX without a word. The field's value is the shown default.
+template <typename T>
+CLI::Option* add_number(CLI::App& sub, const std::string& name, T& field, const std::string& help) {
   return sub
       .add_option_function<std::string>(
           name, [&field](const std::string& text) { field = *parse_as<T>(text); }, help)
-      ->check(check)
+      ->check(number_check<T>())
       ->type_name(std::is_integral_v<T> ? "INT" : "NUMBER")
       ->default_str(fmt::format("{}", field));
+}
+
+// The same for a field whose default depends on other options (unset until the flag is given);
+// `shown_default` says what it is.
+template <typename T>
+CLI::Option* add_number(CLI::App& sub, const std::string& name, std::optional<T>& field, const std::string& help,
+                        const std::string& shown_default) {
+  return sub
+      .add_option_function<std::string>(
+          name, [&field](const std::string& text) { field = *parse_as<T>(text); }, help)
+      ->check(number_check<T>())
+      ->type_name(std::is_integral_v<T> ? "INT" : "NUMBER")
+      ->default_str(shown_default);
 }
 
 }  // namespace ampp::cli

@@ -76,15 +76,17 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
          "--optimizer", [&o](const std::string& text) { o.optimizer(ampp::train::parse_optimizer_kind(text)); },
          "sgd (with --momentum) or adamw (nanoGPT's: betas 0.9, 0.95; no weight decay on biases and norms)")
       ->check(ampp::cli::parsed_by(ampp::train::parse_optimizer_kind, "OPTIMIZER"))
-      ->default_str(ampp::train::to_string(o.optimizer()));
-  ampp::cli::add_number(sub, "--lr", o.lr(), "learning rate (the peak, with warmup or a cosine schedule)");
+      ->default_str("sgd; a GPT: adamw");
+  ampp::cli::add_number(sub, "--lr", o.lr(), "learning rate (the peak, with warmup or a cosine schedule)",
+                        "sgd 0.05, adamw 6e-4");
   ampp::cli::add_number(sub, "--momentum", o.momentum(), "SGD momentum");
-  ampp::cli::add_number(sub, "--weight-decay", o.weight_decay(), "weight decay (AdamW's decoupled; nanoGPT uses 0.1)");
+  ampp::cli::add_number(sub, "--weight-decay", o.weight_decay(), "weight decay (AdamW's decoupled)",
+                        "sgd 1e-4, adamw 0.1");
   sub.add_option_function<std::string>(
          "--lr-schedule", [&o](const std::string& text) { o.lr_schedule(ampp::train::parse_lr_schedule(text)); },
          "step (StepLR: --lr-step, --lr-gamma) or cosine (nanoGPT's: down to lr/10 over --lr-decay-steps)")
       ->check(ampp::cli::parsed_by(ampp::train::parse_lr_schedule, "SCHEDULE"))
-      ->default_str(ampp::train::to_string(o.lr_schedule()));
+      ->default_str("step; a GPT: cosine");
   ampp::cli::add_number(sub, "--lr-step", o.lr_step(), "StepLR step size in epochs (0: constant lr)");
   ampp::cli::add_number(sub, "--lr-gamma", o.lr_gamma(), "StepLR factor");
   ampp::cli::add_number(sub, "--lr-decay-steps", o.lr_decay_steps(),
@@ -95,7 +97,7 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
                         "run each step's batch as this many equal micro-batches, gradients accumulated (less memory; "
                         "nanoGPT's gradient_accumulation_steps at the same --batch-size)");
   ampp::cli::add_number(sub, "--clip-grad-norm", o.clip_grad_norm(),
-                        "clip the (unscaled) gradient norm to this (0: off)");
+                        "clip the (unscaled) gradient norm to this (0: off)", "0; a GPT: 1");
   ampp::cli::add_number(sub, "--seed", o.seed(), "seed for weights, data order and synthetic data");
   sub.add_flag("--deterministic", o.deterministic(), "deterministic algorithms only");
   sub.add_flag("--sync-bn", o.sync_batch_norm(),

@@ -47,11 +47,15 @@ struct TrainOptions {
   TORCH_ARG(int64_t, epochs) = 3;
   // Stop after this many optimizer iterations in total (0 = no limit).
   TORCH_ARG(int64_t, steps) = 0;
-  TORCH_ARG(OptimizerKind, optimizer) = OptimizerKind::kSgd;
-  TORCH_ARG(double, lr) = 0.05;
+  // The optimization recipe. Unset (nullopt) is the model's, filled in by with_model_defaults(): the image
+  // models train as the seeds do (SGD, StepLR, no clipping), a GPT as nanoGPT's train.py does (AdamW, the
+  // cosine schedule, gradients clipped to norm 1.0). lr and weight decay follow the optimizer: SGD 0.05 and
+  // 1e-4, AdamW nanoGPT's 6e-4 and 0.1.
+  TORCH_ARG(std::optional<OptimizerKind>, optimizer) = std::nullopt;
+  TORCH_ARG(std::optional<double>, lr) = std::nullopt;
   TORCH_ARG(double, momentum) = 0.9;  // SGD's
-  TORCH_ARG(double, weight_decay) = 1e-4;
-  TORCH_ARG(LrSchedule, lr_schedule) = LrSchedule::kStep;
+  TORCH_ARG(std::optional<double>, weight_decay) = std::nullopt;
+  TORCH_ARG(std::optional<LrSchedule>, lr_schedule) = std::nullopt;
   // StepLR(step_size = lr_step epochs, gamma), with LibTorch's counting; 0 = constant lr.
   TORCH_ARG(int64_t, lr_step) = 0;
   TORCH_ARG(double, lr_gamma) = 0.1;
@@ -66,8 +70,8 @@ struct TrainOptions {
   // leave the gradients scaled (apex's delay_unscale); under DDP all but the last skip the allreduce
   // (no_sync). Less activation memory, the same step in exact arithmetic (not BatchNorm's statistics).
   TORCH_ARG(int64_t, grad_accum) = 1;
-  // clip_grad_norm_ on the (unscaled) master gradients; 0 = off.
-  TORCH_ARG(double, clip_grad_norm) = 0.0;
+  // clip_grad_norm_ on the (unscaled) master gradients; 0 = off; unset = the model's (above).
+  TORCH_ARG(std::optional<double>, clip_grad_norm) = std::nullopt;
   // BatchNorm statistics over the whole global batch (ampp::dist::SyncBatchNorm) instead of each
   // worker's share of it. The same as plain BatchNorm with one worker; the mlp has no BatchNorm.
   TORCH_ARG(bool, sync_batch_norm) = false;
@@ -147,6 +151,10 @@ struct TrainOptions {
   // memory by kind: weights, masters, gradients, optimizer state, data, activations (memory_report.h).
   TORCH_ARG(bool, profile) = false;
 };
+
+// The model's recipe, where the options leave it unset (TrainOptions::optimizer): one place for both sets of
+// defaults. Every field of the result is set; train() and validate() start from it.
+TrainOptions with_model_defaults(TrainOptions options);
 
 // Throws c10::Error naming the bad option ("TrainOptions::lr must be ...") and the fix.
 void validate(const TrainOptions& options);

@@ -39,14 +39,14 @@ std::vector<torch::Tensor> gather_masters(Run& run) {
   return all;
 }
 
-// FSDP, while a checkpoint is written: the whole model back in the module and an SGD over it holding every
-// shard's momentum, so that the file is the unsharded run's (DDP and any world size resume it). Collective.
+// FSDP, while a checkpoint is written: the whole model back in the module and the run's optimizer over it
+// holding every shard's state (SGD's momentum, AdamW's moments), so that the file is the unsharded run's (DDP and any world size resume it). Collective.
 class GatheredForCheckpoint {
  public:
   explicit GatheredForCheckpoint(Run& run) : run_(run) {
     if (!run_.fsdp) return;
     run_.fsdp->unshard();
-    run_.fsdp_optimizer = std::make_unique<torch::optim::SGD>(run_.model->parameters(), sgd_options(run_.o));
+    run_.fsdp_optimizer = plain_optimizer(param_groups_for(run_.model->parameters(), run_.o), run_.o, false);
     load_optimizer_state_dict(*run_.fsdp_optimizer, run_.fsdp->full_optimizer_state_dict(run_.optimizer));
   }
   ~GatheredForCheckpoint() {

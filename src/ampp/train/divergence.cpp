@@ -18,7 +18,7 @@ std::string where_it_overflowed(const std::vector<std::string>& names) {
 // What to try, from what the run was doing when its gradients stayed non-finite.
 std::string divergence_hint(const Run& run) {
   const LossScale& scale = run.amp.properties().loss_scale();
-  const std::string lr = fmt::format("TrainOptions::lr ({:g})", run.o.lr());
+  const std::string lr = fmt::format("TrainOptions::lr ({:g})", *run.o.lr());
   if (run.amp.checks_overflow() && !scale.is_dynamic() && scale.value() > 1)
     return fmt::format(
         "the static loss scale {:g} may overflow the {} gradients: use TrainOptions::loss_scale "

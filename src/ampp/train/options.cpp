@@ -53,10 +53,10 @@ void validate_optimization(const TrainOptions& o) {
   TORCH_CHECK(o.batch_size() >= 1, "TrainOptions::batch_size must be at least 1, got ", o.batch_size());
   TORCH_CHECK(o.epochs() >= 1, "TrainOptions::epochs must be at least 1, got ", o.epochs());
   TORCH_CHECK(o.steps() >= 0, "TrainOptions::steps must be 0 (no limit) or positive, got ", o.steps());
-  TORCH_CHECK(is_positive(o.lr()), "TrainOptions::lr must be a positive number, got ", o.lr());
+  TORCH_CHECK(is_positive(*o.lr()), "TrainOptions::lr must be a positive number, got ", *o.lr());
   TORCH_CHECK(o.momentum() >= 0 && o.momentum() < 1, "TrainOptions::momentum must be in [0, 1), got ", o.momentum());
-  TORCH_CHECK(o.weight_decay() >= 0 && std::isfinite(o.weight_decay()), "TrainOptions::weight_decay must be >= 0, got ",
-              o.weight_decay());
+  TORCH_CHECK(*o.weight_decay() >= 0 && std::isfinite(*o.weight_decay()),
+              "TrainOptions::weight_decay must be >= 0, got ", *o.weight_decay());
   TORCH_CHECK(o.lr_step() >= 0, "TrainOptions::lr_step must be 0 (constant lr) or a positive number of epochs, got ",
               o.lr_step());
   TORCH_CHECK(o.lr_gamma() > 0 && o.lr_gamma() <= 1, "TrainOptions::lr_gamma must be in (0, 1], got ", o.lr_gamma());
@@ -64,7 +64,8 @@ void validate_optimization(const TrainOptions& o) {
               "TrainOptions::lr_decay_steps must be 0 (to the run's last step) or a positive number of steps, got ",
               o.lr_decay_steps());
   TORCH_CHECK(!(o.lr_schedule() == LrSchedule::kCosine && o.lr_step() > 0),
-              "TrainOptions::lr_step is StepLR's, and the schedule is cosine; drop --lr-step or --lr-schedule cosine");
+              "TrainOptions::lr_step is StepLR's, and the schedule is cosine (a GPT's default); add --lr-schedule step, "
+              "or drop --lr-step");
   TORCH_CHECK(o.lr_decay_steps() == 0 || o.lr_schedule() == LrSchedule::kCosine,
               "TrainOptions::lr_decay_steps sets the cosine schedule's length; add --lr-schedule cosine or drop it");
   TORCH_CHECK(o.warmup_steps() >= 0, "TrainOptions::warmup_steps must be 0 (off) or a positive number of steps, got ",
@@ -77,8 +78,8 @@ void validate_optimization(const TrainOptions& o) {
   TORCH_CHECK(o.max_consecutive_skips() >= 0,
               "TrainOptions::max_consecutive_skips must be 0 (never stop) or a positive number of steps, got ",
               o.max_consecutive_skips());
-  TORCH_CHECK(o.clip_grad_norm() >= 0 && std::isfinite(o.clip_grad_norm()),
-              "TrainOptions::clip_grad_norm must be 0 (off) or a positive max norm, got ", o.clip_grad_norm());
+  TORCH_CHECK(*o.clip_grad_norm() >= 0 && std::isfinite(*o.clip_grad_norm()),
+              "TrainOptions::clip_grad_norm must be 0 (off) or a positive max norm, got ", *o.clip_grad_norm());
 }
 
 void validate_device(const TrainOptions& o) { usable_device(o.device(), "TrainOptions::device"); }
@@ -95,9 +96,6 @@ void validate_fsdp(const TrainOptions& o) {
   TORCH_CHECK(o.grad_accum() == 1,
               "TrainOptions::grad_accum under FSDP is not built yet (its gradients are "
               "reduced into shards at every backward); use DDP or --zero, or drop it");
-  TORCH_CHECK(o.optimizer() == OptimizerKind::kSgd,
-              "TrainOptions::fsdp shards SGD's state; AdamW under FSDP is not built yet: use DDP (drop --fsdp) or "
-              "--zero, which shards AdamW's state");
   TORCH_CHECK(
       !o.doctor() && !o.profile(),
       "TrainOptions::fsdp: --doctor and --profile read whole gradients and parameters, which FSDP does not keep; "
@@ -153,7 +151,19 @@ LrSchedule parse_lr_schedule(const std::string& text) {
 
 std::string to_string(LrSchedule schedule) { return schedule == LrSchedule::kStep ? "step" : "cosine"; }
 
-void validate(const TrainOptions& options) {
+TrainOptions with_model_defaults(TrainOptions o) {
+  const bool gpt = is_gpt(o.model());
+  if (!o.optimizer()) o.optimizer(gpt ? OptimizerKind::kAdamW : OptimizerKind::kSgd);
+  const bool adamw = *o.optimizer() == OptimizerKind::kAdamW;
+  if (!o.lr()) o.lr(adamw ? 6e-4 : 0.05);  // nanoGPT's train.py; the seeds' SGD
+  if (!o.weight_decay()) o.weight_decay(adamw ? 0.1 : 1e-4);
+  if (!o.lr_schedule()) o.lr_schedule(gpt ? LrSchedule::kCosine : LrSchedule::kStep);
+  if (!o.clip_grad_norm()) o.clip_grad_norm(gpt ? 1.0 : 0.0);
+  return o;
+}
+
+void validate(const TrainOptions& unresolved) {
+  const TrainOptions options = with_model_defaults(unresolved);
   validate_model_and_precision(options);
   validate_optimization(options);
   validate_run_and_outputs(options);

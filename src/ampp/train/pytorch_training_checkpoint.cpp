@@ -59,8 +59,9 @@ std::vector<std::pair<std::string, torch::Tensor>> named_master_params(const tor
     out.emplace_back(name->second, masters[i]);
   }
   if (out.size() == masters.size()) return out;
-  // Masters of parameters that are not this module's (FSDP's shards, for the whole model gathered to be
-  // saved): by position, the module's order, as FSDP keeps one param group (TrainOptions::fsdp takes SGD).
+  // Masters of parameters that are not this module's (FSDP's shards, while the whole model is gathered to be
+  // saved): the module's names in its order, with values the caller takes from the gathered module
+  // (TrainingObjects::masters), not from these shards, which AdamW's groups put in another order.
   out.clear();
   for (size_t i = 0; i < masters.size(); ++i) out.emplace_back(named[i].key(), masters[i]);
   return out;

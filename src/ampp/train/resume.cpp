@@ -3,6 +3,8 @@
 #include "outputs.h"
 #include "workers.h"
 
+#include <ampp/util/parse_number.h>
+
 namespace ampp::train::detail {
 
 namespace {
@@ -10,9 +12,9 @@ namespace {
 // The checkpoint's SGD hyperparameters (which loading put in force, as PyTorch's load_state_dict
 // does) must be this run's: a silent change of momentum would be a different run. `source` names it.
 void check_sgd_options(const torch::optim::SGDOptions& sgd, const TrainOptions& o, const std::string& source) {
-  TORCH_CHECK(sgd.momentum() == o.momentum() && sgd.weight_decay() == o.weight_decay(), source,
+  TORCH_CHECK(sgd.momentum() == o.momentum() && sgd.weight_decay() == *o.weight_decay(), source,
               " was trained with SGD momentum ", sgd.momentum(), " and weight decay ", sgd.weight_decay(),
-              "; this run has momentum ", o.momentum(), " and weight decay ", o.weight_decay(), ": pass --momentum ",
+              "; this run has momentum ", o.momentum(), " and weight decay ", *o.weight_decay(), ": pass --momentum ",
               sgd.momentum(), " --weight-decay ", sgd.weight_decay());
   TORCH_CHECK(sgd.dampening() == 0 && !sgd.nesterov(), source, " was trained with SGD dampening ", sgd.dampening(),
               (sgd.nesterov() ? " and Nesterov momentum" : ""), ", which ampp train's SGD does not use");
@@ -21,8 +23,8 @@ void check_sgd_options(const torch::optim::SGDOptions& sgd, const TrainOptions& 
 // The same for AdamW: its first group (the matrices) carries the weight decay, the betas are nanoGPT's.
 void check_adamw_options(const torch::optim::AdamWOptions& adamw, const TrainOptions& o, const std::string& source) {
   const auto expected = adamw_options(o);
-  TORCH_CHECK(adamw.weight_decay() == o.weight_decay(), source, " was trained with AdamW weight decay ",
-              adamw.weight_decay(), "; this run has ", o.weight_decay(), ": pass --weight-decay ",
+  TORCH_CHECK(adamw.weight_decay() == *o.weight_decay(), source, " was trained with AdamW weight decay ",
+              adamw.weight_decay(), "; this run has ", *o.weight_decay(), ": pass --weight-decay ",
               adamw.weight_decay());
   TORCH_CHECK(adamw.betas() == expected.betas() && adamw.eps() == expected.eps() && !adamw.amsgrad(), source,
               " was trained with AdamW betas (", std::get<0>(adamw.betas()), ", ", std::get<1>(adamw.betas()),
@@ -52,6 +54,23 @@ void load_into_shards(Run& run, const std::function<void(const TrainingObjects&)
   run.fsdp->load_full_optimizer_state_dict(run.optimizer, optimizer_state_dict(*optimizer));
 }
 
+// The one difference a longer run makes to a checkpoint's identity, named with its fix: the cosine spans
+// the run unless its length is given, so more --epochs or --steps make another curve.
+void check_same_cosine(const std::string& saved, const Run& run) {
+  const std::string key = " lr_decay_steps=";
+  const auto at = saved.find(key);
+  if (at == std::string::npos || run.o.lr_decay_steps() > 0) return;
+  const auto start = at + key.size();
+  const auto saved_steps = parse_int(saved.substr(start, saved.find(' ', start) - start));
+  if (!saved_steps || *saved_steps == run.cosine_steps || !same_run(saved, run.o, run.workers.world, *saved_steps))
+    return;
+  TORCH_CHECK(false, "checkpoint '", run.checkpoint, "' was written by a run whose cosine schedule decays over ",
+              *saved_steps, " steps, and this one's would decay over ", run.cosine_steps,
+              " (without TrainOptions::lr_decay_steps the cosine spans the run, and its length changed): set "
+              "TrainOptions::lr_decay_steps to ",
+              *saved_steps, " to continue on its curve");
+}
+
 }  // namespace
 
 // Continues from the checkpoint when asked to (or restarted by the launcher) and one exists.
@@ -62,6 +81,7 @@ void resume(Run& run) {
     return;
   }
   TrainingCheckpoint saved(run.checkpoint);
+  check_same_cosine(saved.position().fingerprint, run);
   const std::string expected = fingerprint(run.o, run.workers.world, run.cosine_steps);
   TORCH_CHECK(same_run(saved.position().fingerprint, run.o, run.workers.world, run.cosine_steps), "checkpoint '",
               run.checkpoint, "' belongs to a different run (", saved.position().fingerprint, ") than this one (",

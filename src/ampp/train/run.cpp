@@ -85,12 +85,12 @@ std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelO
 }
 
 torch::optim::SGDOptions sgd_options(const TrainOptions& o) {
-  return torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).weight_decay(o.weight_decay());
+  return torch::optim::SGDOptions(*o.lr()).momentum(o.momentum()).weight_decay(*o.weight_decay());
 }
 
 // nanoGPT's AdamW (train.py: beta2 0.95 for its batch sizes; PyTorch's eps).
 torch::optim::AdamWOptions adamw_options(const TrainOptions& o) {
-  return torch::optim::AdamWOptions(o.lr()).betas({0.9, 0.95}).eps(1e-8).weight_decay(o.weight_decay());
+  return torch::optim::AdamWOptions(*o.lr()).betas({0.9, 0.95}).eps(1e-8).weight_decay(*o.weight_decay());
 }
 
 std::vector<torch::optim::OptimizerParamGroup> param_groups_for(const std::vector<torch::Tensor>& params,
@@ -184,9 +184,9 @@ std::string fingerprint(const TrainOptions& o, int world, int64_t cosine_steps, 
   if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
   if (o.grad_accum() > 1) f += fmt::format(" grad_accum={}", o.grad_accum());        // other rounding
   // Absent for SGD and StepLR, which every checkpoint before them used.
-  if (o.optimizer() != OptimizerKind::kSgd) f += " optimizer=" + to_string(o.optimizer());
+  if (o.optimizer() != OptimizerKind::kSgd) f += " optimizer=" + to_string(*o.optimizer());
   if (o.lr_schedule() != LrSchedule::kStep)
-    f += fmt::format(" lr_schedule={} lr_decay_steps={}", to_string(o.lr_schedule()), cosine_steps);
+    f += fmt::format(" lr_schedule={} lr_decay_steps={}", to_string(*o.lr_schedule()), cosine_steps);
   return f;
 }
 
@@ -208,14 +208,14 @@ double current_lr(torch::optim::Optimizer& opt) { return opt.param_groups().fron
 // for bit. The decay is LibTorch's StepLR stepped once per epoch (lr * gamma, multiplied in turn; its
 // first decay applies to epoch lr_step + 1, one epoch later than PyTorch's StepLR); warmup scales it.
 double scheduled_lr(const TrainOptions& o, int64_t epoch, int64_t steps_taken, int64_t cosine_steps) {
-  double lr = o.lr();
+  double lr = *o.lr();
   if (o.lr_schedule() == LrSchedule::kCosine) {
     // nanoGPT's get_lr after its warmup: min_lr + (lr - min_lr) * (1 + cos(pi * ratio)) / 2, min_lr = lr / 10.
     const double ratio = std::clamp(
         static_cast<double>(steps_taken - o.warmup_steps()) / static_cast<double>(std::max<int64_t>(cosine_steps, 1)),
         0.0, 1.0);
-    const double min_lr = o.lr() / 10;
-    lr = min_lr + (o.lr() - min_lr) * 0.5 * (1.0 + std::cos(M_PI * ratio));
+    const double min_lr = *o.lr() / 10;
+    lr = min_lr + (*o.lr() - min_lr) * 0.5 * (1.0 + std::cos(M_PI * ratio));
   }
   for (int64_t e = 1; o.lr_step() > 0 && e < epoch; ++e)
     if (e % o.lr_step() == 0) lr = o.lr_gamma() * lr;

@@ -116,6 +116,7 @@ struct SteadyRate {
 
 // Everything one worker's run holds, built in the order the seeds build it.
 struct Run {
+  // `options` with_model_defaults() already (train() resolves them), and outliving the run.
   Run(const TrainOptions& options, Workers workers_in);
 
   TrainingObjects objects() { return {*model, optimizer, amp, sampler}; }
@@ -177,7 +178,8 @@ struct Run {
   std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
   std::optional<OpProfile> ops;
   std::vector<torch::Tensor> gathered_masters;        // ZeRO under O2: every shard's masters, for the checkpoint
-  std::unique_ptr<torch::optim::SGD> fsdp_optimizer;  // FSDP: the unsharded SGD, while a checkpoint is written
+  // FSDP: the unsharded optimizer (SGD or AdamW, as the run's), while a checkpoint is written.
+  std::unique_ptr<torch::optim::Optimizer> fsdp_optimizer;
   std::unique_ptr<detail::GraphedTrainStep> graphed;  // TrainOptions::cuda_graphs, else null
   detail::StepTally tally{o.max_consecutive_skips(), o.log_every()};  // the steps' results until a read
   // Read the tally after every step: on the CPU, where a read costs nothing and each skipped step gets its

@@ -105,11 +105,11 @@ void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double m
 }
 
 void clip_gradients(Run& run) {
-  if (run.o.clip_grad_norm() <= 0) return;
+  if (*run.o.clip_grad_norm() <= 0) return;
   if (run.fsdp)
-    run.fsdp->clip_grad_norm_(run.o.clip_grad_norm());  // the global norm over every rank's shards
+    run.fsdp->clip_grad_norm_(*run.o.clip_grad_norm());  // the global norm over every rank's shards
   else
-    clip_grad_norm_on_device(run.amp.master_params(), run.o.clip_grad_norm());
+    clip_grad_norm_on_device(run.amp.master_params(), *run.o.clip_grad_norm());
 }
 
 // The optimizer's step, skipped where the gradients are not finite; returns the skip flag, on the device.

@@ -187,8 +187,9 @@ bool run_epoch(Run& run, int64_t epoch, bool tty) {
 
 namespace ampp::train {
 
-Summary train(const TrainOptions& options) {
+Summary train(const TrainOptions& unresolved) {
   using namespace detail;
+  const TrainOptions options = with_model_defaults(unresolved);
   validate(options);
   // Before any tensor exists, so that every one is counted.
   const TensorMemoryTracker* tracker = options.profile() ? &TensorMemoryTracker::install() : nullptr;
