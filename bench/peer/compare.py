@@ -38,6 +38,8 @@ def timed(cmd):
 def run_ampp(a, model, precision, out):
     cmd = [a.ampp, "train", "--model", model, "--nproc", str(a.nproc), "--epochs", str(a.epochs), "--seed", "0",
            "--out", str(out), "--quiet", "--no-plots"] + AMPP_PRECISION[precision] + (["--nchw"] if a.nchw else [])
+    # peer_train.py's recipe for every model: SGD at a constant lr, no clipping (a GPT's own default is nanoGPT's).
+    cmd += ["--optimizer", "sgd", "--lr-schedule", "step", "--clip-grad-norm", "0"]
     wall, rss = timed(cmd)
     s = json.loads((out / "summary.json").read_text())
     # The whole run's rate, evaluations included, as peer_train.py counts it (ampp's summary leads with the

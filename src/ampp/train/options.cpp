@@ -107,8 +107,8 @@ void validate_cuda_graphs(const TrainOptions& o) {
   if (!o.cuda_graphs()) return;
   const auto no = [](const char* what) { return std::string("TrainOptions::cuda_graphs: ") + what + " (docs/gpu.md)"; };
   TORCH_CHECK(o.lr_schedule() != LrSchedule::kCosine,
-              no("the cosine schedule changes the lr every step, and a graph holds the lr it was captured with; "
-                 "drop --lr-schedule cosine or --cuda-graphs"));
+              no("the cosine schedule (a GPT's default) changes the lr every step, and a graph holds the lr it was "
+                 "captured with; add --lr-schedule step, or drop --cuda-graphs"));
   TORCH_CHECK(o.device() != "cpu" || detail::faults_for(0, 1, false).uncaptured_graph_step,
               no("CUDA graphs need a GPU; use --device cuda, or drop --cuda-graphs"));
   TORCH_CHECK(!o.doctor() && !o.profile(), no("--doctor and --profile read every step on the host; drop them"));
