@@ -1,7 +1,7 @@
 // `ampp train --device cuda` on a real GPU: the eager step reads nothing on the host between two log points
 // at every opt level (c10's sync debug mode set to error around each step), with SGD and with AdamW under
-// the cosine schedule, the graphed trainer trains as
-// the eager one at every opt level and resumes from its checkpoints, and two workers share one GPU with
+// the cosine schedule, the graphed trainer trains as the eager one at every opt level, under the cosine
+// schedule and for a GPT, and resumes from its checkpoints, and two workers share one GPU with
 // DDP, SyncBatchNorm, ZeRO, FSDP and resume against one worker on the same global batch.
 #include <ampp/train/options.h>
 #include <ampp/train/trainer.h>
@@ -131,6 +131,46 @@ TEST(GpuTrain, TheGraphedTrainerTrainsAsTheEagerOneAtEveryOptLevel) {
     const Summary graphed = ampp::train::train(gpu_run(tmp.path() / "graphed", p).cuda_graphs(true));
     expect_same_training(graphed, eager, p.name);
   }
+}
+
+// The cosine schedule under a graph: each step's lr looked up on the device (float32, as the fused kernels
+// read it) at the steps taken there, as the eager GPU trainer does; the inf at step 5 skipped on the device.
+// Then a GPT with its defaults (nanoGPT's AdamW, cosine and clipping), graphed against eager.
+TEST(GpuTrain, TheGraphedTrainerFollowsTheCosineScheduleAsTheEagerOne) {
+  AMPP_REQUIRE_GPU();
+  ampp_gpu_test::DeterministicCudnn same_bits;
+  for (const auto& p : {every_level()[1], every_level()[4]}) {
+    SCOPED_TRACE(p.name);
+    ampp_test::TempDir tmp;
+    auto cosine = [&](const std::string& dir) {
+      return gpu_run(tmp.path() / dir, p)
+          .optimizer(ampp::train::OptimizerKind::kAdamW)
+          .lr_schedule(ampp::train::LrSchedule::kCosine)
+          .warmup_steps(3);
+    };
+    const FaultsFor faults([](int, int, bool) {
+      FaultInjection f;
+      f.inf_steps = {5};
+      return f;
+    });
+    const Summary eager = ampp::train::train(cosine("eager"));
+    const Summary graphed = ampp::train::train(cosine("graphed").cuda_graphs(true));
+    expect_same_training(graphed, eager, p.name);
+  }
+  ampp_test::TempDir tmp;
+  std::string text;
+  for (int i = 0; text.size() < 200000; ++i) text += "the cat sat on the mat " + std::to_string(i % 97) + ".\n";
+  std::ofstream(tmp.path() / "text.txt") << text;
+  auto gpt = [&](const std::string& dir) {
+    return gpu_run(tmp.path() / dir, every_level()[2])
+        .model("gpt-tiny")
+        .data("text:" + (tmp.path() / "text.txt").string())
+        .batch_size(32)
+        .steps(40);
+  };
+  const Summary eager = ampp::train::train(gpt("gpt-eager"));
+  const Summary graphed = ampp::train::train(gpt("gpt-graphed").cuda_graphs(true));
+  expect_same_training(graphed, eager, "gpt-tiny O1 bf16");
 }
 
 TEST(GpuTrain, TheGraphedTrainerResumesFromItsCheckpointsAsIfNeverStopped) {

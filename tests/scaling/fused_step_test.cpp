@@ -190,3 +190,39 @@ TEST(FusedStep, CountersStayRightWhenReadBetweenStepsAndAcrossBothPaths) {
   }
   EXPECT_EQ(mixed_scaler.skipped_steps(), 4);
 }
+
+// A tensor lr (what a CUDA graph replays with new values) steps as the same double lr, bit for bit on the
+// CPU in float64, and changing the tensor's value changes the next step's lr; a tensor of the wrong shape is
+// refused by name.
+TEST(FusedStep, AnLrTensorStepsAsTheSameDoubleLr) {
+  AMPP_REQUIRE_FUSED_KERNELS();
+  for (const bool adamw : {false, true}) {
+    SCOPED_TRACE(adamw ? "FusedAdamW" : "FusedSGD");
+    Problem with_double, with_tensor;
+    auto make = [&](Problem& p) -> std::unique_ptr<torch::optim::Optimizer> {
+      if (adamw) return std::make_unique<ampp::FusedAdamW>(p.params, torch::optim::AdamWOptions(1e-2));
+      return std::make_unique<ampp::FusedSGD>(p.params, torch::optim::SGDOptions(1e-2).momentum(0.9));
+    };
+    auto by_double = make(with_double), by_tensor = make(with_tensor);
+    auto lr = torch::zeros({}, torch::kDouble);
+    dynamic_cast<ampp::GradScaleAwareOptimizer&>(*by_tensor).set_lr_tensor(lr);
+    ampp::GradScaler a, b;
+    for (int s = 0; s < 6; ++s) {
+      const double value = 1e-2 / (s + 1);  // a new lr every step, as the cosine schedule
+      for (auto& group : by_double->param_groups()) group.options().set_lr(value);
+      lr.fill_(value);
+      with_double.iterate(a, *by_double, overflows_at(s));
+      with_tensor.iterate(b, *by_tensor, overflows_at(s));
+    }
+    for (size_t i = 0; i < with_double.params.size(); ++i)
+      EXPECT_TRUE(torch::equal(with_double.params[i], with_tensor.params[i])) << i;
+    dynamic_cast<ampp::GradScaleAwareOptimizer&>(*by_tensor).set_lr_tensor(torch::zeros({1}));
+    try {
+      with_tensor.iterate(b, *by_tensor, false);
+      ADD_FAILURE() << "a 1-element, 1-dimensional lr was taken";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the lr must be a 0-dim floating-point tensor"), std::string::npos)
+          << e.what();
+    }
+  }
+}

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "ampp_test.h"
@@ -64,6 +65,38 @@ TEST(CudaGraphsCli, TheGraphedStepPathTrainsAsTheEagerStepAtO2AndO3WithWarmupAnd
   check_graphed_path_trains_as_eager("--opt-level O2 --dtype fp16", "AMPP_TRAIN_TEST_INF_AT=4:0 ");
   check_graphed_path_trains_as_eager("--opt-level O2 --dtype bf16 --warmup-steps 5 --clip-grad-norm 1");
   check_graphed_path_trains_as_eager("--opt-level O3 --dtype bf16", "AMPP_TRAIN_TEST_INF_AT=2:0 ");
+}
+
+// metrics.jsonl's lr by step.
+std::map<int64_t, double> lr_by_step(const fs::path& dir) {
+  std::map<int64_t, double> lr;
+  std::ifstream in(dir / "out" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("type", "") == "step") lr[j.at("step").get<int64_t>()] = j.at("lr").get<double>();
+  }
+  return lr;
+}
+
+// The cosine schedule (a GPT's default) where the host reads only every --log-every steps: each step's lr
+// looked up on the device at the steps taken, counted there, so the inf at step 6 (skipped) holds it back
+// at once, as on the trainer that reads every step, not at the next read. With AdamW and the warmup's
+// steps (read one by one) first; under a graph, and through ampp::FusedAdamW (gpu_step_on_cpu), which
+// reads the lr tensor itself, eager and graphed.
+TEST(CudaGraphsCli, TheGraphedStepPathFollowsTheCosineScheduleAsTheEagerStep) {
+  const std::string cosine = "--opt-level O1 --dtype fp16 --optimizer adamw --lr-schedule cosine --warmup-steps 3";
+  const std::string inf = "AMPP_TRAIN_TEST_INF_AT=6:0 ";
+  check_graphed_path_trains_as_eager(cosine, inf);
+  check_graphed_path_trains_as_eager(cosine, inf + "AMPP_TRAIN_TEST_GPU_STEP_ON_CPU=1 ");
+  ampp_test::TempDir tmp;
+  for (const std::string& env : {std::string(), inf + "AMPP_TRAIN_TEST_GPU_STEP_ON_CPU=1 "}) {
+    const auto r = ampp_test::run_shell(inf + env + AMPP_FAULTS_CLI + " " +
+                                        run_line(tmp.path() / (env.empty() ? "reads" : "device"), cosine));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  const auto reads = lr_by_step(tmp.path() / "reads"), device = lr_by_step(tmp.path() / "device");
+  ASSERT_EQ(device.count(10), 1U);
+  for (const auto& [step, lr] : device) EXPECT_EQ(lr, reads.at(step)) << "step " << step;
 }
 
 // Checkpoints: a graphed run stopped mid-epoch (step 18 of 24) and resumed ends with the uninterrupted eager

@@ -51,17 +51,18 @@ TEST(FsdpCli, TheCnnAsOneUnitTrainsAsDdpWithLossScaling) {
   check_fsdp_trains_as_ddp("cnn", "--opt-level O1 --dtype fp16");
 }
 
-// The checkpoints of an FSDP run hold the whole model and AdamW's moments (a GPT's default), as DDP's do: a run stopped halfway
-// and resumed, in ampp's format or from PyTorch's, under FSDP or DDP, ends with the uninterrupted DDP run's
+// The checkpoints of an FSDP run hold the whole model and AdamW's moments (a GPT's default), as DDP's do: a run stopped
+// halfway and resumed, in ampp's format or from PyTorch's, under FSDP or DDP, ends with the uninterrupted DDP run's
 // model, bit for bit (2 workers, the GPT's blocks as units).
 TEST(FsdpCli, ItsCheckpointsAreDdpsAndResumeUnderEither) {
   ampp_test::TempDir tmp;
   auto run = [&](const std::string& dir, const std::string& extra) {
     fs::create_directories(tmp.path() / dir);
-    const auto r = ampp_test::run_ampp(run_line(tmp.path() / dir, "gpt-tiny",
-                                                "--nproc 2 --opt-level O1 --dtype bf16 --clip-grad-norm 0 --lr-decay-steps 8 "
-                                                "--checkpoint-dir " +
-                                                    (tmp.path() / dir / "ckpt").string() + " " + extra));
+    const auto r =
+        ampp_test::run_ampp(run_line(tmp.path() / dir, "gpt-tiny",
+                                     "--nproc 2 --opt-level O1 --dtype bf16 --clip-grad-norm 0 --lr-decay-steps 8 "
+                                     "--checkpoint-dir " +
+                                         (tmp.path() / dir / "ckpt").string() + " " + extra));
     ASSERT_EQ(r.code, 0) << r.output;
   };
   const auto model = [&](const std::string& dir) { return tmp.path() / dir / "out" / "model.pt"; };

@@ -130,9 +130,9 @@ TEST(GptCli, TheCosineOverTheRunRefusesAResumeThatChangesItsLength) {
   const int64_t epoch_steps = gpt_summary_json(tmp.path()).at("steps").get<int64_t>();  // the first run's length
   r = run_ampp(gpt_run(tmp.path(), "--epochs 2 --resume " + flags));
   EXPECT_NE(r.code, 0);
-  const std::string first_length = fmt::format(
-      "a run whose cosine schedule decays over {} steps, and this one's would decay over {}", epoch_steps,
-      2 * epoch_steps);
+  const std::string first_length =
+      fmt::format("a run whose cosine schedule decays over {} steps, and this one's would decay over {}", epoch_steps,
+                  2 * epoch_steps);
   EXPECT_NE(r.output.find(first_length), std::string::npos) << r.output;
   const std::string fix = fmt::format("set --lr-decay-steps to {} to continue on its curve", epoch_steps);
   EXPECT_NE(r.output.find(fix), std::string::npos) << r.output;

@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <unordered_map>
+#include <variant>
 
 namespace ampp {
 
@@ -25,15 +26,23 @@ class GradScaleAwareOptimizer {
     grad_scale_ = std::move(grad_scale);
     found_inf_ = std::move(found_inf);
   }
+  /// For every step() until set again (undefined: off): each param group's learning rate read on the device
+  /// from this 0-dim tensor instead of its options' lr() (PyTorch's tensor lr): a CUDA graph replays the
+  /// step with whatever value it holds. float32 on a GPU (ATen's fused CUDA kernels read a float); on the
+  /// CPU float64 gives the double lr exactly.
+  void set_lr_tensor(torch::Tensor lr) { lr_ = std::move(lr); }
+  const torch::Tensor& lr_tensor() const { return lr_; }
 
  protected:
   /// The tensors set for this step, moved to `device`; cleared afterwards by end_of_step().
   std::optional<torch::Tensor> grad_scale_on(const torch::Device& device) const;
   std::optional<torch::Tensor> found_inf_on(const torch::Device& device) const;
   void end_of_step() { grad_scale_ = found_inf_ = torch::Tensor(); }
+  /// The lr a group steps with: the lr tensor when one is set (checked to be on `device`), else `lr`.
+  std::variant<double, torch::Tensor> lr_on(const torch::Device& device, double lr) const;
 
  private:
-  torch::Tensor grad_scale_, found_inf_;
+  torch::Tensor grad_scale_, found_inf_, lr_;
 };
 
 /// torch::optim::SGD with PyTorch's fused step (`SGD(fused=True)`). Its state is SGD's, so

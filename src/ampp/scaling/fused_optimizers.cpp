@@ -54,6 +54,19 @@ std::optional<torch::Tensor> GradScaleAwareOptimizer::found_inf_on(const torch::
   return found_inf_.to(device);
 }
 
+std::variant<double, torch::Tensor> GradScaleAwareOptimizer::lr_on(const torch::Device& device, double lr) const {
+  if (!lr_.defined()) return lr;
+  TORCH_CHECK(lr_.dim() == 0 && lr_.is_floating_point() && lr_.device() == device,
+              "GradScaleAwareOptimizer::set_lr_tensor: the lr must be a 0-dim floating-point tensor on the "
+              "parameters' device (",
+              device, "), got ", lr_.scalar_type(), " of shape ", lr_.sizes(), " on ", lr_.device());
+  TORCH_CHECK(device.is_cpu() || lr_.scalar_type() == torch::kFloat,
+              "GradScaleAwareOptimizer::set_lr_tensor: on a GPU the lr must be float32 (ATen's fused kernels "
+              "read a float), got ",
+              lr_.scalar_type());
+  return lr_;
+}
+
 torch::Tensor FusedSGD::step(LossClosure closure) {
   scaling::compat::check_fused_optimizers("FusedSGD", "SGD");
   const torch::Tensor loss = loss_of(closure);
@@ -83,9 +96,13 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
     if (o.dampening() == 0) is_first_step = false;
     for (auto& [key, g] : groups) {
       const torch::Device device = g.params.front().device();
-      scaling::compat::fused_sgd_(g.params, g.grads, g.buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
-                                  o.nesterov(), /*maximize=*/false, is_first_step, grad_scale_on(device),
-                                  found_inf_on(device));
+      std::visit(
+          [&](const auto& lr) {
+            scaling::compat::fused_sgd_(g.params, g.grads, g.buffers, o.weight_decay(), o.momentum(), lr, o.dampening(),
+                                        o.nesterov(), /*maximize=*/false, is_first_step, grad_scale_on(device),
+                                        found_inf_on(device));
+          },
+          lr_on(device, o.lr()));
     }
   }
   end_of_step();
@@ -129,9 +146,13 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       const auto found_inf = found_inf_on(device);
       // PyTorch: count the step first (bias correction uses it), take it back where it was skipped.
       torch::_foreach_add_(g.steps, 1);
-      scaling::compat::fused_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, g.max_exp_avg_sqs, g.steps, o.lr(),
-                                    std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
-                                    o.amsgrad(), /*maximize=*/false, grad_scale_on(device), found_inf);
+      std::visit(
+          [&](const auto& lr) {
+            scaling::compat::fused_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, g.max_exp_avg_sqs, g.steps, lr,
+                                          std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                                          o.amsgrad(), /*maximize=*/false, grad_scale_on(device), found_inf);
+          },
+          lr_on(device, o.lr()));
       if (found_inf) torch::_foreach_sub_(g.steps, std::vector<torch::Tensor>(g.steps.size(), *found_inf));
     }
   }

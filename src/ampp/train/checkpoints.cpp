@@ -40,7 +40,8 @@ std::vector<torch::Tensor> gather_masters(Run& run) {
 }
 
 // FSDP, while a checkpoint is written: the whole model back in the module and the run's optimizer over it
-// holding every shard's state (SGD's momentum, AdamW's moments), so that the file is the unsharded run's (DDP and any world size resume it). Collective.
+// holding every shard's state (SGD's momentum, AdamW's moments), so that the file is the unsharded run's (DDP and any
+// world size resume it). Collective.
 class GatheredForCheckpoint {
  public:
   explicit GatheredForCheckpoint(Run& run) : run_(run) {

@@ -63,9 +63,10 @@ void validate_optimization(const TrainOptions& o) {
   TORCH_CHECK(o.lr_decay_steps() >= 0,
               "TrainOptions::lr_decay_steps must be 0 (to the run's last step) or a positive number of steps, got ",
               o.lr_decay_steps());
-  TORCH_CHECK(!(o.lr_schedule() == LrSchedule::kCosine && o.lr_step() > 0),
-              "TrainOptions::lr_step is StepLR's, and the schedule is cosine (a GPT's default); add --lr-schedule step, "
-              "or drop --lr-step");
+  TORCH_CHECK(
+      !(o.lr_schedule() == LrSchedule::kCosine && o.lr_step() > 0),
+      "TrainOptions::lr_step is StepLR's, and the schedule is cosine (a GPT's default); add --lr-schedule step, "
+      "or drop --lr-step");
   TORCH_CHECK(o.lr_decay_steps() == 0 || o.lr_schedule() == LrSchedule::kCosine,
               "TrainOptions::lr_decay_steps sets the cosine schedule's length; add --lr-schedule cosine or drop it");
   TORCH_CHECK(o.warmup_steps() >= 0, "TrainOptions::warmup_steps must be 0 (off) or a positive number of steps, got ",
@@ -106,9 +107,6 @@ void validate_fsdp(const TrainOptions& o) {
 void validate_cuda_graphs(const TrainOptions& o) {
   if (!o.cuda_graphs()) return;
   const auto no = [](const char* what) { return std::string("TrainOptions::cuda_graphs: ") + what + " (docs/gpu.md)"; };
-  TORCH_CHECK(o.lr_schedule() != LrSchedule::kCosine,
-              no("the cosine schedule (a GPT's default) changes the lr every step, and a graph holds the lr it was "
-                 "captured with; add --lr-schedule step, or drop --cuda-graphs"));
   TORCH_CHECK(o.device() != "cpu" || detail::faults_for(0, 1, false).uncaptured_graph_step,
               no("CUDA graphs need a GPU; use --device cuda, or drop --cuda-graphs"));
   TORCH_CHECK(!o.doctor() && !o.profile(), no("--doctor and --profile read every step on the host; drop them"));

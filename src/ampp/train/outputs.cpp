@@ -11,7 +11,8 @@ void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per
   r.skipped = !step.stepped;
   r.overflowed = step.overflowed;
   r.skipped_total = run.position.skipped_total;
-  r.lr = current_lr(run.optimizer);
+  // Under --cuda-graphs with the cosine, the lr the device looked up (the host's lags a skip until a read).
+  r.lr = run.device_lr && run.device_lr->started() ? run.device_lr->last_lr() : current_lr(run.optimizer);
   r.images_per_sec = images_per_sec;
   r.elapsed = run.elapsed();
   run.metrics->write(r);

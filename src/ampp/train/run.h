@@ -53,6 +53,7 @@
 #include <numeric>
 #include <optional>
 #include "buffer_guard.h"
+#include "device_lr.h"
 #include "doctor.h"
 #include "fault_injection.h"
 #include "graphed_step.h"
@@ -177,10 +178,14 @@ struct Run {
   PhaseClock clock{phases};
   std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
   std::optional<OpProfile> ops;
-  std::vector<torch::Tensor> gathered_masters;        // ZeRO under O2: every shard's masters, for the checkpoint
+  std::vector<torch::Tensor> gathered_masters;  // ZeRO under O2: every shard's masters, for the checkpoint
   // FSDP: the unsharded optimizer (SGD or AdamW, as the run's), while a checkpoint is written.
   std::unique_ptr<torch::optim::Optimizer> fsdp_optimizer;
   std::unique_ptr<detail::GraphedTrainStep> graphed;  // TrainOptions::cuda_graphs, else null
+  // The cosine schedule where the host reads the steps' results only at log points (a GPU, a graph): each
+  // step's lr looked up on the device at the steps taken, counted there (started after the warmup, whose steps
+  // the host reads one by one).
+  std::optional<detail::DeviceLrSchedule> device_lr;
   detail::StepTally tally{o.max_consecutive_skips(), o.log_every()};  // the steps' results until a read
   // Read the tally after every step: on the CPU, where a read costs nothing and each skipped step gets its
   // own record with the names of its inf/NaN gradients, and under the doctor, which inspects every step.

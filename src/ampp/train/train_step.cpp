@@ -196,7 +196,9 @@ detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const to
   const torch::Tensor non_finite = amp.checks_overflow() ? torch::Tensor() : unscaled_gradients_non_finite(run);
   run.step_overflowed = overflowed_before_step(run, non_finite);
   clip_gradients(run);  // a skipped step's clipped gradients are never used
+  if (run.device_lr && run.device_lr->started()) run.device_lr->apply(run.optimizer);
   const torch::Tensor skipped = step_optimizer(run, non_finite);
+  if (run.device_lr && run.device_lr->started()) run.device_lr->count(skipped);
   run.buffer_guard.restore_where_non_finite();  // also after a taken step: x*x can overflow while x did not
   if (run.ranges && run.first_non_finite.is_null() && skipped.defined() && skipped.item<float>() != 0.0F)
     locate_first_non_finite(run, Batch{data, target}, scaled->scale());
@@ -208,13 +210,17 @@ detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const to
 
 // The step, eager or replayed from a CUDA graph (TrainOptions::cuda_graphs), added to the run's tally.
 // The lr warm-up changes the lr every step, which a graph would have to capture anew each time: its steps
-// run eagerly, and the graph is captured after it.
+// run eagerly, and the graph is captured after it. The cosine after it is looked up on the device
+// (Run::device_lr), counted from the host's exact count at the warmup's end (read after every warmup step).
 void run_step(Run& run, const Batch& batch, double lr) {
   detail::set_lr(run.optimizer, lr);
+  const bool after_warmup = steps_taken(run.position) >= run.o.warmup_steps();
+  if (run.device_lr && after_warmup && !run.device_lr->started()) run.device_lr->start(steps_taken(run.position));
   std::optional<ErrorOnCudaSync> no_sync;  // a GPU test's proof that the step reads nothing on the host
   if (run.faults.error_on_sync) no_sync.emplace();
-  if (run.graphed && steps_taken(run.position) >= run.o.warmup_steps()) {
-    run.graphed->step(batch.data, batch.target, lr);
+  if (run.graphed && after_warmup) {
+    // With the lr on the device the graph holds no lr of its own: one capture for the whole cosine.
+    run.graphed->step(batch.data, batch.target, run.device_lr ? *run.o.lr() : lr);
     run.tally.count(batch.target.numel());  // a replay does no host work of its own
   } else {
     run.tally.add(train_step(run, batch.data, batch.target), batch.target);

@@ -210,6 +210,11 @@ Summary train(const TrainOptions& unresolved) {
   run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
   const bool read_as_on_a_gpu = run.device.is_cuda() || run.faults.uncaptured_graph_step || run.faults.gpu_step_on_cpu;
   run.reads_every_step = !read_as_on_a_gpu || options.doctor();
+  // The host knows a skip only at its next read: where it reads rarely, the cosine's position is counted on
+  // the device (a graph replays it too).
+  if (options.lr_schedule() == LrSchedule::kCosine && !run.reads_every_step)
+    run.device_lr.emplace([&run](int64_t k) { return scheduled_lr(run.o, 1, k, run.cosine_steps); },
+                          options.warmup_steps() + run.cosine_steps, run.device);
   if (options.cuda_graphs()) {
     run.graphed = make_graphed_step(run);
     run.say("CUDA graphs: each step is one graph replay");
