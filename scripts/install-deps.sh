@@ -87,6 +87,16 @@ install_tensorboard() {
   "$venv/bin/pip" install -q --disable-pip-version-check "tensorboard==$tensorboard_version"
 }
 
+# torchao's float8 training (Float8Linear), the fp8 oracle. --no-deps: its one dependency is torch, which the
+# venv pins; its CUDA extensions fail to load on a CPU machine, with a warning, and float8 training does not
+# need them.
+torchao_version=0.18.0
+install_torchao() {
+  if "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('torchao') != '$torchao_version')" 2>/dev/null; then return; fi
+  echo "install-deps: torchao $torchao_version into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "torchao==$torchao_version"
+}
+
 install_apt
 # The CUDA wheel: LibTorch 2.14.1+cu130 (cuDNN, NCCL from the nvidia-* wheels), installed from this
 # machine's disk in about 3.5 minutes. nvcc is CMake's way to the toolkit (cmake/AmppTorch.cmake).
@@ -99,4 +109,5 @@ if [ "$torch" = wheel ] || [ "$torch" = cuda ]; then
   install_wheel "$venv" "$torch_version"
   install_clang_format
   install_tensorboard
+  install_torchao
 fi

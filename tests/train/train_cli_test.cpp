@@ -72,8 +72,6 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--grad-accum 3", "--grad-accum 3 does not divide --batch-size 128 into equal micro-batches"},
       {"--grad-accum 2 --fsdp", "--grad-accum under FSDP is not built yet"},
       {"--grad-accum 64 --batch-size 64 --nproc 2", "does not divide each worker's batch of 32"},
-      {"--cuda-graphs --lr-schedule cosine", "the cosine schedule (a GPT's default) changes the lr every step"},
-      {"--cuda-graphs --model gpt-tiny", "add --lr-schedule step, or drop --cuda-graphs"},
       {"--data /nonexistent/folder --nproc 1", "dataset folder '/nonexistent/folder' does not exist"},
       {"--device tpu", "--device must be cpu, cuda or cuda:N, got 'tpu'"},
       {"--device cuda:x", "--device must be cpu, cuda or cuda:N, got 'cuda:x'"},
