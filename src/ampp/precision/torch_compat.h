@@ -10,6 +10,9 @@
 #include <utility>
 #include <vector>
 
+// The float8 types and ATen's _scaled_mm on the CPU and CUDA (float8.h): LibTorch 2.6 or newer.
+#define AMPP_HAS_FLOAT8 AMPP_TORCH_AT_LEAST(2, 6)
+
 namespace ampp::precision::compat {
 
 // LibTorch's own autocast state. 2.4 (pytorch#124359) made it device-generic

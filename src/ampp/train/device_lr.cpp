@@ -20,8 +20,9 @@ constexpr int64_t kMostTableSteps = int64_t{1} << 24;
 
 DeviceLrSchedule::DeviceLrSchedule(const std::function<double(int64_t)>& lr_of, int64_t last_step,
                                    const torch::Device& device) {
-  TORCH_CHECK(last_step >= 0 && last_step < kMostTableSteps, "TrainOptions::lr_decay_steps: on a GPU, a cosine schedule over ",
-              last_step, " steps needs a table of its lr values on the device; at most ", kMostTableSteps - 1,
+  TORCH_CHECK(last_step >= 0 && last_step < kMostTableSteps,
+              "TrainOptions::lr_decay_steps: on a GPU, a cosine schedule over ", last_step,
+              " steps needs a table of its lr values on the device; at most ", kMostTableSteps - 1,
               " steps are supported: set TrainOptions::lr_decay_steps below that, or TrainOptions::lr_schedule step");
   std::vector<double> values(static_cast<size_t>(last_step + 1));
   for (int64_t k = 0; k <= last_step; ++k) values[static_cast<size_t>(k)] = lr_of(k);

@@ -1,0 +1,181 @@
+// fp8 Linear (float8.h): torchao.float8's recipes, in its order of operations, so that every rounding
+// is the same as torchao 0.18's Float8Linear on the same ATen.
+#include <ampp/precision/autocast.h>
+#include <ampp/precision/float8.h>
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+
+#include "torch_compat.h"
+
+namespace ampp {
+
+std::string to_string(Float8Recipe recipe) { return recipe == Float8Recipe::kRowwise ? "rowwise" : "tensorwise"; }
+
+Float8LinearConfig Float8LinearConfig::from_recipe_name(const std::string& name) {
+  if (name == "tensorwise") return Float8LinearConfig().recipe(Float8Recipe::kTensorwise);
+  TORCH_CHECK(name == "rowwise", "unknown fp8 recipe '", name, "': use tensorwise or rowwise");
+  return Float8LinearConfig().recipe(Float8Recipe::kRowwise);
+}
+
+#if AMPP_HAS_FLOAT8
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+constexpr double kAmaxFloor = 1e-12;  // torchao's EPS: an all-zero tensor gets a finite scale
+
+// A float8 operand: its values and the scale they were multiplied by (float32).
+struct Float8Operand {
+  torch::Tensor data, scale;
+};
+
+Float8Operand cast(const torch::Tensor& t, c10::ScalarType float8_type, std::optional<int64_t> dim, bool power_of_2) {
+  auto scale = float8_scale(t, float8_type, dim, power_of_2);
+  return {to_float8(t, scale, float8_type), scale};
+}
+
+bool row_major(const torch::Tensor& m) { return m.stride(0) > m.stride(1) && m.stride(1) == 1; }
+
+// The product a @ b of float8 operands (a [P, R] with a scale of [] or [P, 1], b [R, Q] with [] or [1, Q])
+// as torchao's addmm_float8_unwrapped: a row-major, b column-major (what CUDA's kernels take), the scales'
+// reciprocals as ATen's scales. Rowwise scales without fast accumulation: unit scales in the kernel and the
+// scales' outer product applied after it. Rowwise kernels have no float32 or fp16 output: bf16, then `out`.
+torch::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::ScalarType out, bool fast_accum) {
+  const auto a_data = row_major(a.data) ? a.data : a.data.contiguous();
+  const auto b_data = row_major(b.data) ? b.data.t().contiguous().t() : b.data;
+  auto scale_a = a.scale.reciprocal(), scale_b = b.scale.reciprocal();
+  const bool rowwise = a.scale.dim() == 2 && b.scale.dim() == 2 && a.scale.size(1) == 1 && b.scale.size(0) == 1;
+  torch::Tensor after;
+  if (rowwise && !fast_accum) {
+    after = scale_a * scale_b;
+    scale_a = scale_b = torch::ones({}, scale_a.options());
+  }
+  const bool via_bf16 = rowwise && (out == torch::kFloat || out == torch::kHalf);
+  auto product = at::_scaled_mm(a_data, b_data, scale_a, scale_b, std::nullopt, std::nullopt,
+                                via_bf16 ? torch::kBFloat16 : out, fast_accum);
+  if (after.defined()) product.mul_(after);
+  return via_bf16 ? product.to(out) : product;
+}
+
+struct RecipeTypes {
+  bool rowwise;
+  c10::ScalarType gradient;  // e5m2 under tensorwise (range), e4m3 under rowwise
+  std::optional<int64_t> along(int64_t dim) const { return rowwise ? std::optional<int64_t>(dim) : std::nullopt; }
+};
+
+RecipeTypes types_of(Float8Recipe recipe) {
+  const bool rowwise = recipe == Float8Recipe::kRowwise;
+  return {rowwise, rowwise ? torch::kFloat8_e4m3fn : torch::kFloat8_e5m2};
+}
+
+// out = x @ W^T on float8 operands; x [M, K] and W [N, K] saved in high precision, cast again in backward.
+struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               int64_t recipe, int64_t out_dtype) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["recipe"] = recipe;
+    const auto r = types_of(static_cast<Float8Recipe>(recipe));
+    // Rowwise: x along its rows (over K), W^T along its columns (over K): each scale spans the inner dim.
+    const auto x8 = cast(x, torch::kFloat8_e4m3fn, r.along(-1), r.rowwise);
+    const auto w8 = cast(weight.t(), torch::kFloat8_e4m3fn, r.along(0), r.rowwise);
+    return scaled_mm(x8, w8, static_cast<c10::ScalarType>(out_dtype), /*fast_accum=*/true);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &weight = saved[1];
+    const auto& g = grads[0];
+    const auto r = types_of(static_cast<Float8Recipe>(ctx->saved_data["recipe"].toInt()));
+    // grad_input = g @ W: g per token (over N), W^T per input feature (over N).
+    const auto g_rows = cast(g, r.gradient, r.along(-1), r.rowwise);
+    const auto w_cols = cast(weight.t(), torch::kFloat8_e4m3fn, r.along(-1), r.rowwise);
+    const auto grad_input = scaled_mm(g_rows, {w_cols.data.t(), w_cols.scale.t()}, g.scalar_type(), false);
+    // grad_weight = g^T @ x: both per feature, over the tokens M.
+    const auto g_cols = cast(g, r.gradient, r.along(0), r.rowwise);
+    const auto x_cols = cast(x, torch::kFloat8_e4m3fn, r.along(0), r.rowwise);
+    const auto grad_weight = scaled_mm({g_cols.data.t(), g_cols.scale.t()}, x_cols, g.scalar_type(), false);
+    return {grad_input, grad_weight, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The product's dtype, and x as the product sees it: torchao casts x to CUDA autocast's dtype first; under
+// CPU autocast it relabels its fp8 operands with the autocast dtype (x itself unchanged).
+std::pair<torch::Tensor, c10::ScalarType> product_input(const torch::Tensor& x) {
+  const auto device = x.device().type();
+  if (!is_autocast_enabled(device)) return {x, x.scalar_type()};
+  TORCH_CHECK(device != c10::DeviceType::CPU || !is_fp16_emulated(),
+              "ampp::float8_linear: fp16 autocast on the CPU is emulated in float32 tensors, which fp8 products do "
+              "not take; use bf16 autocast");
+  const auto dtype = autocast_dtype(device);
+  if (device == c10::DeviceType::CPU) return {x, dtype};
+  return {x.to(dtype), dtype};
+}
+
+}  // namespace
+
+double float8_max(c10::ScalarType float8_type) {
+  TORCH_CHECK(float8_type == torch::kFloat8_e4m3fn || float8_type == torch::kFloat8_e5m2,
+              "ampp::float8_max: the float8 types are Float8_e4m3fn and Float8_e5m2, got ", float8_type);
+  return float8_type == torch::kFloat8_e4m3fn ? 448.0 : 57344.0;
+}
+
+torch::Tensor float8_scale(const torch::Tensor& t, c10::ScalarType float8_type, std::optional<int64_t> dim,
+                           bool power_of_2) {
+  torch::NoGradGuard no_grad;
+  const auto magnitude = t.abs();
+  const auto amax = dim ? magnitude.amax({*dim}, /*keepdim=*/true) : magnitude.max();
+  // torchao's `F8MAX / clamp(amax64, EPS)`: Python's scalar / tensor, which ATen computes as
+  // reciprocal(tensor) * scalar, in float64; then rounded to float32.
+  auto scale = (amax.to(torch::kDouble).clamp_min(kAmaxFloor).reciprocal() * float8_max(float8_type)).to(torch::kFloat);
+  // Down to a power of two, as torchao: the float32 log2 can round up to the next integer just below a
+  // power of two, which the cast's saturation then absorbs.
+  if (power_of_2) scale = torch::exp2(torch::floor(torch::log2(scale)));
+  return scale;
+}
+
+torch::Tensor to_float8(const torch::Tensor& t, const torch::Tensor& scale, c10::ScalarType float8_type) {
+  const double most = float8_max(float8_type);
+  return (t.to(torch::kFloat) * scale).clamp(-most, most).to(float8_type);
+}
+
+torch::Tensor float8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                            const Float8LinearConfig& config) {
+  TORCH_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
+              "ampp::float8_linear: x [..., K] and weight [N, K], got x ", x.sizes(), " and weight ", weight.sizes());
+  const auto [input, out_dtype] = product_input(x);
+  const int64_t k = weight.size(1), n = weight.size(0);
+  auto out = Float8Matmul::apply(input.reshape({-1, k}), weight, static_cast<int64_t>(config.recipe()),
+                                 static_cast<int64_t>(out_dtype));
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  out = out.reshape(shape);
+  return bias.defined() ? out + bias.to(out.scalar_type()) : out;
+}
+
+#else  // float8 types and ATen's _scaled_mm: LibTorch 2.6 or newer
+
+namespace {
+[[noreturn]] void no_float8(const char* what) {
+  TORCH_CHECK(false, what, " needs LibTorch 2.6 or newer (float8 types and ATen's _scaled_mm); this build has ",
+              TORCH_VERSION);
+}
+}  // namespace
+
+double float8_max(c10::ScalarType) { no_float8("ampp::float8_max"); }
+torch::Tensor float8_scale(const torch::Tensor&, c10::ScalarType, std::optional<int64_t>, bool) {
+  no_float8("ampp::float8_scale");
+}
+torch::Tensor to_float8(const torch::Tensor&, const torch::Tensor&, c10::ScalarType) { no_float8("ampp::to_float8"); }
+torch::Tensor float8_linear(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                            const Float8LinearConfig&) {
+  no_float8("ampp::float8_linear");
+}
+
+#endif
+
+}  // namespace ampp
