@@ -15,10 +15,11 @@
 #include <ampp/numerics/unscale.h>
 #include <ampp/numerics/update_scale.h>
 
-// precision: ampp::autocast, op policies, fp16 on CPU, hardware-aware bf16
+// precision: ampp::autocast, op policies, fp16 on CPU, hardware-aware bf16, fp8 Linear products
 #include <ampp/precision/autocast.h>
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/dtype.h>
+#include <ampp/precision/float8.h>
 #include <ampp/precision/kernels.h>
 #include <ampp/precision/nonfinite_locator.h>
 #include <ampp/precision/rounding.h>
