@@ -20,6 +20,7 @@
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/float8.h>
+#include <ampp/precision/float8_linear.h>
 #include <ampp/precision/kernels.h>
 #include <ampp/precision/nonfinite_locator.h>
 #include <ampp/precision/rounding.h>

@@ -89,8 +89,11 @@ TEST(Float8Oracle, OutputAndGradientsAreTorchaosBitForBit) {
   for (size_t i = 0; i < all.size(); ++i) {
     const auto& c = all[i];
     const Tensors t = inputs_of(c, 1000 + i);
-    json one{{"recipe", c.recipe},   {"x", encode(t.x)},  {"weight", encode(t.weight)},
-             {"g", encode(t.g)},     {"bf16_module", c.mode == "bf16_module"},
+    json one{{"recipe", c.recipe},
+             {"x", encode(t.x)},
+             {"weight", encode(t.weight)},
+             {"g", encode(t.g)},
+             {"bf16_module", c.mode == "bf16_module"},
              {"autocast", under_autocast(c)}};
     if (t.bias.defined()) one["bias"] = encode(t.bias);
     in["cases"].push_back(one);
@@ -104,8 +107,7 @@ TEST(Float8Oracle, OutputAndGradientsAreTorchaosBitForBit) {
     const auto& want = oracle->at("cases")[i];
     for (const char* key : {"out", "x_grad", "weight_grad", "bias_grad"}) {
       if (!want.contains(key)) continue;
-      EXPECT_TRUE(same_bits(decode(ours[i].at(key)), decode(want.at(key))))
-          << key;
+      EXPECT_TRUE(same_bits(decode(ours[i].at(key)), decode(want.at(key)))) << key;
     }
   }
 }
