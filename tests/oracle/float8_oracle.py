@@ -17,6 +17,12 @@ except Exception as e:  # noqa: BLE001  (no torchao, or one that does not import
     unsupported(f"torchao's float8 does not import: {e!r}")
 
 
+# ATen's reference CPU kernel for _scaled_mm (float32 GEMM on the widened operands), which ampp runs on the
+# CPU: with oneDNN on, an AMX CPU takes oneDNN's e4m3 x e4m3 kernel for the forward, ~1 ulp apart and far
+# slower (ampp's float8.cpp says why it does not).
+torch.backends.mkldnn.enabled = False
+
+
 def run_case(c):
     weight = decode(c["weight"])
     bias = decode(c["bias"]) if "bias" in c else None

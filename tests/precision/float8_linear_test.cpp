@@ -17,10 +17,10 @@ namespace float8_linear_test {
 
 struct Net : torch::nn::Module {
   Net() {
-    small = register_module("small", ampp::Float8Linear(128, 128));      // K <= 4096, N <= 1024: skipped
-    wide = register_module("wide", ampp::Float8Linear(16, 2048));        // N > 1024: tensorwise pays
-    odd = register_module("odd", ampp::Float8Linear(24, 2048));          // 24 is not a multiple of 16
-    head = register_module("head", ampp::Float8Linear(2064, 4112));      // rowwise's shape too
+    small = register_module("small", ampp::Float8Linear(128, 128));  // K <= 4096, N <= 1024: skipped
+    wide = register_module("wide", ampp::Float8Linear(16, 2048));    // N > 1024: tensorwise pays
+    odd = register_module("odd", ampp::Float8Linear(24, 2048));      // 24 is not a multiple of 16
+    head = register_module("head", ampp::Float8Linear(2064, 4112));  // rowwise's shape too
   }
   ampp::Float8Linear small{nullptr}, wide{nullptr}, odd{nullptr}, head{nullptr};
 };
@@ -61,7 +61,7 @@ TEST(Float8Linear, ConvertedItRunsTheRecipesProducts) {
   EXPECT_EQ(ampp::convert_to_float8_training(*layer, rowwise), std::vector<std::string>{""});
   const auto fp8 = layer(x);
   EXPECT_TRUE(torch::equal(fp8, ampp::float8_linear(x, layer->weight, layer->bias, rowwise)));
-  EXPECT_FALSE(torch::equal(fp8, plain));                          // fp8 rounding shows
+  EXPECT_FALSE(torch::equal(fp8, plain));  // fp8 rounding shows
   EXPECT_LT((fp8 - plain).abs().max().item<double>(), 0.1 * plain.abs().max().item<double>());
   layer->set_float8(std::nullopt);
   EXPECT_TRUE(torch::equal(layer(x), plain));
@@ -110,12 +110,13 @@ TEST(Float8Linear, ScalesAtTheEdges) {
 }
 
 TEST(Float8Linear, BadInputsAreClearErrors) {
-  EXPECT_NE(failure_of([] { ampp::Float8LinearConfig::from_recipe_name("delayed"); })
-                .find("unknown fp8 recipe 'delayed': use tensorwise or rowwise"),
+  EXPECT_NE(failure_of([] {
+              ampp::Float8LinearConfig::from_recipe_name("delayed");
+            }).find("unknown fp8 recipe 'delayed': use tensorwise or rowwise"),
             std::string::npos);
   AMPP_REQUIRE_FLOAT8();
-  const auto message = failure_of(
-      [] { ampp::float8_linear(torch::randn({4, 8}), torch::randn({16, 9}), torch::Tensor(), {}); });
+  const auto message =
+      failure_of([] { ampp::float8_linear(torch::randn({4, 8}), torch::randn({16, 9}), torch::Tensor(), {}); });
   EXPECT_NE(message.find("x [..., K] and weight [N, K], got x [4, 8] and weight [16, 9]"), std::string::npos)
       << message;
   EXPECT_NE(failure_of([] { ampp::float8_max(torch::kFloat); }).find("the float8 types are"), std::string::npos);

@@ -30,7 +30,7 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
   std::vector<std::pair<std::string, std::string>> cases{
       // Parsed by the library's own parsers; CLI11 puts the flag in front of their messages.
       {"--opt-level O5", "--opt-level: Unexpected optimization level 'O5'. Options are 'O0', 'O1', 'O2', 'O3'"},
-      {"--dtype fp8", "--dtype: the value 'fp8' is not a low-precision dtype; use bf16 or fp16"},
+      {"--dtype fp4", "--dtype: the value 'fp4' is not a low-precision dtype; use bf16, fp16 or fp8"},
       {"--loss-scale=-3", "--loss-scale: loss_scale must be \"dynamic\" or a finite number > 0, got -3"},
       {"--loss-scale abc", "--loss-scale: loss_scale must be \"dynamic\" or a number"},
       // Checked by ampp::train::validate, which names TrainOptions fields; the CLI shows the flags.
@@ -69,6 +69,11 @@ TEST(TrainCli, InvalidFlagsGiveClearErrors) {
       {"--model gpt-tiny --lr-step 2", "--lr-step is StepLR's, and the schedule is cosine (a GPT's default)"},
       {"--lr-schedule cosine --lr-decay-steps=-1", "--lr-decay-steps must be 0 (to the run's last step)"},
       {"--grad-accum 0", "--grad-accum must be 1 (off) to 4096 micro-batches"},
+      {"--dtype fp8", "fp8 products are the GPTs' Linear layers; cnn has none to convert"},
+      {"--model gpt-tiny --dtype fp8 --opt-level O0", "--dtype fp8 with O0: fp8 Linear layers beside bf16 run at -O1"},
+      {"--model gpt-tiny --fp8-recipe rowwise", "--fp8-recipe chooses the recipe of --dtype fp8; add --dtype fp8"},
+      {"--model gpt-tiny --fp8-layers all", "--fp8-layers all chooses the fp8 layers; add --dtype fp8"},
+      {"--model gpt-tiny --dtype fp8 --fp8-recipe delayed", "unknown fp8 recipe 'delayed': use tensorwise or rowwise"},
       {"--grad-accum 3", "--grad-accum 3 does not divide --batch-size 128 into equal micro-batches"},
       {"--grad-accum 2 --fsdp", "--grad-accum under FSDP is not built yet"},
       {"--grad-accum 64 --batch-size 64 --nproc 2", "does not divide each worker's batch of 32"},

@@ -11,6 +11,7 @@
 #include <ampp/dist/launcher.h>
 #include <ampp/dist/log.h>
 #include <ampp/precision/dtype.h>
+#include <ampp/precision/float8.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/trainer.h>
 #include <ampp/util/atomic_file.h>
@@ -38,6 +39,7 @@ constexpr int kAutoNproc = 0;  // --nproc auto: the fastest measured layout (lay
 
 struct TrainArgs {
   TrainOptions options;
+  std::optional<ampp::Float8Recipe> fp8_recipe;  // --fp8-recipe, applied to --dtype fp8 in run()
   int nproc = kAutoNproc;
   double stall_timeout_s = ampp::dist::LaunchOptions().stall_timeout().count() / 1000.0;
 };
@@ -49,16 +51,51 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
+// --dtype: bf16 or fp16, or fp8: bf16 with the GPT's Linear products in float8 (TrainOptions::fp8).
+void set_dtype(TrainOptions& o, const std::string& text) {
+  if (text != "fp8") {
+    for (const char* name : {"bf16", "bfloat16", "fp16", "float16", "half"})
+      if (text == name) {
+        o.dtype(ampp::parse_low_precision_dtype(text, "the value")).fp8(std::nullopt);
+        return;
+      }
+    TORCH_CHECK(false, "the value '", text, "' is not a low-precision dtype; use bf16, fp16 or fp8");
+  }
+  o.dtype(c10::kBFloat16).fp8(ampp::Float8Recipe::kTensorwise);
+}
+
+void add_fp8_flags(CLI::App& sub, TrainArgs& a) {
+  sub.add_option_function<std::string>(
+         "--fp8-recipe", [&a](const std::string& text) { a.fp8_recipe = ampp::parse_float8_recipe(text); },
+         "with --dtype fp8: torchao's tensorwise (one scale per tensor, e5m2 gradients) or rowwise (per row, "
+         "power-of-2 scales)")
+      ->check(ampp::cli::parsed_by(ampp::parse_float8_recipe, "RECIPE"))
+      ->default_str("tensorwise");
+  sub.add_option_function<std::string>(
+         "--fp8-layers",
+         [&a](const std::string& text) {
+           TORCH_CHECK(text == "auto" || text == "all", "--fp8-layers '", text, "': use auto or all");
+           a.options.fp8_all_layers(text == "all");
+         },
+         "with --dtype fp8: auto (the shapes where fp8 pays, torchao's filter) or all (every Linear whose sizes "
+         "are multiples of 16)")
+      ->default_str("auto");
+}
+
 void add_precision_flags(CLI::App& sub, TrainOptions& o) {
   sub.add_option_function<std::string>(
          "--opt-level", [&o](const std::string& text) { o.opt_level(ampp::parse_opt_level(text)); },
          "apex opt level: O0 (fp32), O1 (autocast), O2 (fp32 masters), O3")
       ->check(ampp::cli::parsed_by(ampp::parse_opt_level, "OPT_LEVEL"))
       ->default_str(ampp::to_string(o.opt_level()));
-  auto parse_dtype = [](const std::string& text) { return ampp::parse_low_precision_dtype(text, "the value"); };
+  auto parse_dtype = [](const std::string& text) {
+    TrainOptions scratch;
+    set_dtype(scratch, text);
+  };
   sub.add_option_function<std::string>(
-         "--dtype", [&o, parse_dtype](const std::string& text) { o.dtype(parse_dtype(text)); },
-         "low-precision type: bf16 or fp16 (emulated on CPU)")
+         "--dtype", [&o](const std::string& text) { set_dtype(o, text); },
+         "low-precision type: bf16, fp16 (emulated on CPU), or fp8 (a GPT's Linear products in float8, the rest "
+         "bf16)")
       ->check(ampp::cli::parsed_by(parse_dtype, "DTYPE"))
       ->default_str(ampp::low_precision_dtype_name(o.dtype()));
   auto parse_loss_scale = [](const std::string& text) { return ampp::LossScale(text); };
@@ -227,6 +264,10 @@ int chosen_nproc(const TrainOptions& o) {
 int run(TrainArgs a) {
   TORCH_CHECK(a.stall_timeout_s >= 0 && a.stall_timeout_s <= 1e6,
               "--stall-timeout must be 0 (off) to 1e6 seconds, got ", a.stall_timeout_s);
+  if (a.fp8_recipe) {
+    TORCH_CHECK(a.options.fp8(), "--fp8-recipe chooses the recipe of --dtype fp8; add --dtype fp8");
+    a.options.fp8(*a.fp8_recipe);
+  }
   ampp::train::validate(a.options);
   const bool launching = !ampp::launch_environment().launched();  // not a worker of a launcher or torchrun
   if (a.nproc == kAutoNproc) a.nproc = launching ? chosen_nproc(a.options) : 1;
@@ -241,11 +282,14 @@ int run(TrainArgs a) {
 std::function<int()> add_train_flags(CLI::App& sub, std::shared_ptr<TrainArgs> a) {
   add_run_flags(sub, *a);
   add_precision_flags(sub, a->options);
+  add_fp8_flags(sub, *a);
   add_optimization_flags(sub, a->options);
   return [a] { return run(*a); };
 }
 
 const std::map<std::string, std::string> kTrainRenamedFields = {{"progress", "--quiet"},
+                                                                {"fp8", "--dtype fp8"},
+                                                                {"fp8_all_layers", "--fp8-layers all"},
                                                                 {"plots", "--no-plots"},
                                                                 {"sync_batch_norm", "--sync-bn"},
                                                                 {"shared_memory_allreduce", "--gloo-allreduce"},

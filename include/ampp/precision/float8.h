@@ -35,12 +35,17 @@ namespace ampp {
 enum class Float8Recipe { kTensorwise, kRowwise };
 
 std::string to_string(Float8Recipe recipe);
+Float8Recipe parse_float8_recipe(const std::string& name);  // "tensorwise" or "rowwise"
 
 struct Float8LinearConfig {
   // "tensorwise" or "rowwise", as torchao's Float8LinearConfig.from_recipe_name; other names are an error.
   static Float8LinearConfig from_recipe_name(const std::string& name);
   TORCH_ARG(Float8Recipe, recipe) = Float8Recipe::kTensorwise;
 };
+
+// Whether this LibTorch has the float8 types and ATen's _scaled_mm (2.6 or newer); without them every
+// function below throws, naming the version.
+bool float8_supported();
 
 // The largest finite value of a float8 type: 448 (kFloat8_e4m3fn) or 57344 (kFloat8_e5m2).
 double float8_max(c10::ScalarType float8_type);

@@ -27,7 +27,8 @@
 namespace ampp {
 
 struct Float8LinearOptions {
-  Float8LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  Float8LinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
   TORCH_ARG(int64_t, in_features);
   TORCH_ARG(int64_t, out_features);
   TORCH_ARG(bool, bias) = true;

@@ -3,6 +3,7 @@
 // validate() (src/ampp/train/options.cpp), and the paths and defaults derived from it.
 #include <ampp/amp/opt_level.h>
 #include <ampp/amp/properties.h>
+#include <ampp/precision/float8.h>
 
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
@@ -40,6 +41,12 @@ struct TrainOptions {
   TORCH_ARG(OptLevel, opt_level) = OptLevel::O1;
   // The low-precision dtype of O1-O3: kHalf (fp16, emulated on CPU) or kBFloat16.
   TORCH_ARG(c10::ScalarType, dtype) = c10::ScalarType::Half;
+  // fp8 training (`--dtype fp8`): the GPT's Linear layers run their products in float8 with this recipe
+  // (ampp::float8_linear, torchao's), everything else in `dtype` (bf16). By default only the layers whose
+  // shapes torchao measured fp8 to pay on (ampp::auto_filter_for_recipe: none of gpt2-124m's 768-wide ones);
+  // fp8_all_layers: every one whose sizes are multiples of 16. O1 and O2.
+  TORCH_ARG(std::optional<Float8Recipe>, fp8) = std::nullopt;
+  TORCH_ARG(bool, fp8_all_layers) = false;
   // nullopt: the opt level's own (apex: static 1.0 at O0 and O3, dynamic at O1 and O2).
   TORCH_ARG(std::optional<LossScale>, loss_scale) = std::nullopt;
   // Global batch; each of W workers takes batch_size / W (integer division, as seed 000).

@@ -48,7 +48,8 @@ namespace {
 // (in, out) features of a Linear of either kind; nullopt for any other module.
 std::optional<std::pair<int64_t, int64_t>> linear_features(const torch::nn::Module& m) {
   if (const auto* f = m.as<Float8LinearImpl>()) return std::pair{f->options.in_features(), f->options.out_features()};
-  if (const auto* l = m.as<torch::nn::LinearImpl>()) return std::pair{l->options.in_features(), l->options.out_features()};
+  if (const auto* l = m.as<torch::nn::LinearImpl>())
+    return std::pair{l->options.in_features(), l->options.out_features()};
   return std::nullopt;
 }
 

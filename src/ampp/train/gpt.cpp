@@ -1,5 +1,6 @@
 #include <ampp/dist/fully_shard.h>
 #include <ampp/precision/autocast.h>
+#include <ampp/precision/float8_linear.h>
 #include <ampp/train/gpt.h>
 
 #include <fmt/format.h>
@@ -13,8 +14,10 @@ namespace ampp::train {
 namespace {
 namespace nn = torch::nn;
 
-nn::Linear linear(int64_t in, int64_t out, double std) {
-  nn::Linear l(in, out);
+// ampp::Float8Linear: torch::nn::Linear's parameters and draws, and fp8 products once converted
+// (TrainOptions::fp8).
+ampp::Float8Linear linear(int64_t in, int64_t out, double std) {
+  ampp::Float8Linear l(in, out);
   torch::NoGradGuard no_grad;
   l->weight.normal_(0.0, std);
   l->bias.zero_();
@@ -46,7 +49,7 @@ struct CausalSelfAttentionImpl : nn::Module {
     return c_proj->forward(y.transpose(1, 2).contiguous().view({b, t, c}));
   }
   int64_t n_head;
-  nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  ampp::Float8Linear c_attn{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -56,7 +59,7 @@ struct MlpBlockImpl : nn::Module {
     c_proj = register_module("c_proj", linear(4 * o.n_embd(), o.n_embd(), proj_std));
   }
   torch::Tensor forward(const torch::Tensor& x) { return c_proj->forward(torch::gelu(c_fc->forward(x))); }
-  nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  ampp::Float8Linear c_fc{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(MlpBlock);
 

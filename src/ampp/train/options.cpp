@@ -31,6 +31,18 @@ void validate_gpt_sizes(const TrainOptions& o) {
   }
 }
 
+void validate_fp8(const TrainOptions& o) {
+  TORCH_CHECK(!o.fp8_all_layers() || o.fp8(), "TrainOptions::fp8_all_layers chooses the fp8 layers; add --dtype fp8");
+  if (!o.fp8()) return;
+  TORCH_CHECK(ampp::float8_supported(), "TrainOptions::fp8 needs LibTorch 2.6 or newer (float8 types and _scaled_mm)");
+  TORCH_CHECK(is_gpt(o.model()), "TrainOptions::fp8: fp8 products are the GPTs' Linear layers; ", o.model(),
+              " has none to convert: use --model gpt-tiny, gpt-mini or gpt2-124m, or --dtype bf16");
+  TORCH_CHECK(o.opt_level() == OptLevel::O1 || o.opt_level() == OptLevel::O2, "TrainOptions::fp8 with ",
+              to_string(o.opt_level()), ": fp8 Linear layers beside bf16 run at -O1 (autocast) or -O2 (bf16 model)");
+  TORCH_CHECK(o.dtype() == c10::kBFloat16, "TrainOptions::fp8 keeps the rest of the model in bf16, and dtype is ",
+              c10::toString(o.dtype()));
+}
+
 void validate_model_and_precision(const TrainOptions& o) {
   const auto& names = model_names();
   TORCH_CHECK(std::find(names.begin(), names.end(), o.model()) != names.end(), "TrainOptions::model '", o.model(),
@@ -43,6 +55,7 @@ void validate_model_and_precision(const TrainOptions& o) {
               "TrainOptions::sync_batch_norm: ", o.model(),
               " has no BatchNorm to synchronise; use --model cnn or resnet, or drop --sync-bn");
   validate_gpt_sizes(o);
+  validate_fp8(o);
   const bool text = data_spec(o) == "text" || data_spec(o).rfind("text:", 0) == 0;
   TORCH_CHECK(text == is_gpt(o.model()), "TrainOptions::data '", o.data(), "' ",
               text ? "is text, which only the GPTs read; use --model gpt-tiny (or gpt-mini, gpt2-124m)"

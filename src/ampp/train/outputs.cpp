@@ -46,8 +46,8 @@ void open_outputs(Run& run) {
     if (!run.o.tensorboard().empty()) run.tensorboard.emplace(run.o.tensorboard());
   }
   run.say(fmt::format("ampp train: {} on {}; {}; {} worker(s) x {} {}/batch, {} thread(s) each", run.o.model(),
-                      run.data.description, precision_label(run.o, run.amp), run.workers.world, run.per_rank_batch,
-                      run.data.train.tokens ? "sequences" : "images", run.workers.threads));
+                      run.data.description, precision_label(run.o, run.amp, *run.model), run.workers.world,
+                      run.per_rank_batch, run.data.train.tokens ? "sequences" : "images", run.workers.threads));
   if (run.data.unigram_loss)
     run.say(fmt::format("ampp train: the validation text's unigram baseline loss is {:.4f} (perplexity {:.2f})",
                         *run.data.unigram_loss, std::exp(*run.data.unigram_loss)));
@@ -89,7 +89,7 @@ Summary summarize(const Run& run) {
   Summary s;
   s.model = run.o.model();
   s.data = run.data.description;
-  s.precision = precision_label(run.o, run.amp);
+  s.precision = precision_label(run.o, run.amp, *run.model);
   s.world_size = run.workers.world;
   s.compute = describe_compute_threads();
   s.epochs = run.epochs_done;

@@ -80,6 +80,15 @@ std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelO
                                              const torch::Device& device) {
   torch::manual_seed(o.seed());
   auto model = make_model(o.model(), model_options);  // initialised on the CPU: the same weights everywhere
+  if (o.fp8()) {
+    const auto config = Float8LinearConfig().recipe(*o.fp8());
+    const auto multiples_of_16 = [](const torch::nn::Module& m, const std::string&) {
+      const auto* l = m.as<Float8LinearImpl>();
+      return l && l->options.in_features() % 16 == 0 && l->options.out_features() % 16 == 0;
+    };
+    convert_to_float8_training(
+        *model, config, o.fp8_all_layers() ? Float8ModuleFilter(multiples_of_16) : auto_filter_for_recipe(*o.fp8()));
+  }
   model->to(device);
   return model;
 }
@@ -183,6 +192,7 @@ std::string fingerprint(const TrainOptions& o, int world, int64_t cosine_steps, 
   if (with_loss_scale) f += " loss_scale=" + amp_properties(o).loss_scale().to_string();
   if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
   if (o.grad_accum() > 1) f += fmt::format(" grad_accum={}", o.grad_accum());        // other rounding
+  if (o.fp8()) f += fmt::format(" fp8={}{}", to_string(*o.fp8()), o.fp8_all_layers() ? ":all" : "");
   // Absent for SGD and StepLR, which every checkpoint before them used.
   if (o.optimizer() != OptimizerKind::kSgd) f += " optimizer=" + to_string(*o.optimizer());
   if (o.lr_schedule() != LrSchedule::kStep)
@@ -195,10 +205,27 @@ bool same_run(const std::string& saved, const TrainOptions& o, int world, int64_
   return saved == fingerprint(o, world, cosine_steps, has_loss_scale);
 }
 
-std::string precision_label(const TrainOptions& o, const Amp& amp) {
+// "fp8 tensorwise in 8 of 8 Linear layers" (TrainOptions::fp8), or "".
+std::string fp8_label(const TrainOptions& o, const torch::nn::Module& model) {
+  if (!o.fp8()) return "";
+  int64_t layers = 0, converted = 0;
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    const auto* l = m->as<Float8LinearImpl>();
+    if (!l) continue;
+    ++layers;
+    converted += l->float8() ? 1 : 0;
+  }
+  std::string label = fmt::format(", fp8 {} in {} of {} Linear layers", to_string(*o.fp8()), converted, layers);
+  if (converted == 0 && !o.fp8_all_layers())
+    label += " (no shape here is one where fp8 pays, torchao's filter; --fp8-layers all converts them all)";
+  return label;
+}
+
+std::string precision_label(const TrainOptions& o, const Amp& amp, const torch::nn::Module& model) {
   if (o.opt_level() == OptLevel::O0) return "O0 (fp32)";
-  return fmt::format("{} {}{}, loss scale {}", to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
-                     amp.fp16_emulated() ? " (emulated on CPU)" : "", amp.properties().loss_scale().to_string());
+  return fmt::format("{} {}{}, loss scale {}{}", to_string(o.opt_level()), low_precision_dtype_name(o.dtype()),
+                     amp.fp16_emulated() ? " (emulated on CPU)" : "", amp.properties().loss_scale().to_string(),
+                     fp8_label(o, model));
 }
 
 double current_lr(torch::optim::Optimizer& opt) { return opt.param_groups().front().options().get_lr(); }

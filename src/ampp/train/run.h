@@ -13,6 +13,7 @@
 #include <ampp/dist/zero_redundancy_optimizer.h>
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
+#include <ampp/precision/float8_linear.h>
 #include <ampp/precision/nonfinite_locator.h>
 #include <ampp/scaling/cuda_graph_step.h>
 #include <ampp/scaling/fused_optimizers.h>
@@ -261,7 +262,7 @@ std::string fingerprint(const TrainOptions& o, int world, int64_t cosine_steps, 
 
 bool same_run(const std::string& saved, const TrainOptions& o, int world, int64_t cosine_steps);
 
-std::string precision_label(const TrainOptions& o, const Amp& amp);
+std::string precision_label(const TrainOptions& o, const Amp& amp, const torch::nn::Module& model);
 
 double current_lr(torch::optim::Optimizer& opt);
 
