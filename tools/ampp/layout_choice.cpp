@@ -59,7 +59,8 @@ std::string job_key(const train::TrainOptions& o) {
          (train::is_gpt(o.model()) ? fmt::format(" context={} n_layer={} n_head={} n_embd={}", o.context(), o.n_layer(),
                                                  o.n_head(), o.n_embd())
                                    : "") +
-         (o.fsdp() ? " fsdp=1" : "");  // only when set: the keys cached before --fsdp existed stay valid
+         (o.fsdp() ? " fsdp=1" : "") +  // only when set: the keys cached before --fsdp existed stay valid
+         (o.fp8() ? " fp8=" + to_string(*o.fp8()) + (o.fp8_all_layers() ? ":all" : "") : "");
 }
 
 std::optional<int> checkpoint_world_size(const train::TrainOptions& o) {
