@@ -1,0 +1,63 @@
+// ampp::float8_linear on a GPU (fp8 tensor cores through at::_scaled_mm: Hopper or newer) against the same
+// call on the CPU, which is torchao's to the bit (Float8Oracle). The GPU's kernels accumulate in their own
+// order (the forward with fast accumulation), so the two agree to fp8's precision, not bit for bit: the
+// check is that the GPU path takes its operands' layouts and scales, in both recipes, with bf16 CUDA
+// autocast (x cast first, as torchao does), and that its gradients are the CPU's.
+#include <ampp/precision/autocast.h>
+#include <ampp/precision/float8.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+
+#include "gpu_test_util.h"
+
+namespace gpu_float8_test {
+
+struct Result {
+  torch::Tensor out, x_grad, weight_grad, bias_grad;
+};
+
+Result run_on(const torch::Device& device, const torch::Tensor& x_cpu, const torch::Tensor& w_cpu,
+              const torch::Tensor& b_cpu, const torch::Tensor& g_cpu, const std::string& recipe, bool autocast) {
+  auto x = x_cpu.to(device).requires_grad_(), w = w_cpu.to(device).requires_grad_(),
+       b = b_cpu.to(device).requires_grad_();
+  std::optional<ampp::autocast> region;
+  if (autocast) region.emplace(device.type(), torch::kBFloat16);
+  auto y = ampp::float8_linear(x, w, b, ampp::Float8LinearConfig::from_recipe_name(recipe));
+  y.backward(g_cpu.to(device).to(y.scalar_type()));
+  return {y.detach().cpu().to(torch::kFloat), x.grad().cpu().to(torch::kFloat), w.grad().cpu(), b.grad().cpu()};
+}
+
+double relative_gap(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+}  // namespace gpu_float8_test
+
+using namespace gpu_float8_test;
+
+TEST(GpuFloat8, BothRecipesOnTheGpuAgreeWithTheCpuToFp8Precision) {
+  AMPP_REQUIRE_GPU();
+  if (!ampp::float8_supported()) GTEST_SKIP() << "float8 needs LibTorch 2.6 or newer";
+  // fp8 tensor cores need compute capability 8.9 or newer: the suite's machines are Hopper (H100, H200).
+  torch::manual_seed(0);
+  // Every size a multiple of 16, as the GPU's kernels need (K, N, and M = tokens for g^T x).
+  const auto x = torch::randn({4, 64, 256}), w = torch::randn({512, 256}) * 0.05, b = torch::randn({512});
+  const auto g = torch::randn({4, 64, 512});
+  for (const std::string recipe : {"tensorwise", "rowwise"}) {
+    for (const bool autocast : {false, true}) {
+      SCOPED_TRACE(recipe + (autocast ? " under bf16 autocast" : " in float32"));
+      const auto cpu = run_on(torch::kCPU, x, w, b, g, recipe, autocast);
+      const auto gpu = run_on(torch::Device(torch::kCUDA, 0), x, w, b, g, recipe, autocast);
+      // bf16 outputs (rowwise, autocast) carry 8 bits: a 2^-7 relative step; fp8's own rounding is shared.
+      EXPECT_LT(relative_gap(gpu.out, cpu.out), 2e-2);
+      EXPECT_LT(relative_gap(gpu.x_grad, cpu.x_grad), 2e-2);
+      EXPECT_LT(relative_gap(gpu.weight_grad, cpu.weight_grad), 2e-2);
+      EXPECT_LT(relative_gap(gpu.bias_grad, cpu.bias_grad), 2e-2);
+      EXPECT_EQ(gpu.weight_grad.scalar_type(), torch::kFloat);
+    }
+  }
+}
