@@ -2,6 +2,7 @@
 // ResNet's stages as units, the CNN as one unit) train the model DDP trains, bit for bit (2 ranks: the
 // average of two gradients is exact both ways), and their checkpoints are DDP's; what it does not combine
 // with is refused by name.
+#include <ampp/precision/float8.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -43,6 +44,12 @@ void check_fsdp_trains_as_ddp(const std::string& model, const std::string& preci
 
 TEST(FsdpCli, TheGptsBlocksShardedTrainAsDdpInBf16) {
   check_fsdp_trains_as_ddp("gpt-tiny", "--opt-level O1 --dtype bf16 --clip-grad-norm 0");
+}
+
+// fp8 products (float8_linear) on the gathered weights, their gradients reduce-scattered into the shards.
+TEST(FsdpCli, TheGptsBlocksShardedTrainAsDdpWithFp8Products) {
+  if (!ampp::float8_supported()) GTEST_SKIP() << "float8 needs LibTorch 2.6 or newer";
+  check_fsdp_trains_as_ddp("gpt-tiny", "--opt-level O1 --dtype fp8 --fp8-layers all --clip-grad-norm 0");
 }
 
 TEST(FsdpCli, TheResNetsStagesShardedTrainAsDdpInFp32) { check_fsdp_trains_as_ddp("resnet", "--opt-level O0"); }
