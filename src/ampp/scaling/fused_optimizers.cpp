@@ -94,7 +94,8 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
     }
     // With zero buffers, dampening 0 makes the first step the same with or without is_first_step.
     if (o.dampening() == 0) is_first_step = false;
-    for (auto& [key, g] : groups) {
+    for (auto& entry : groups) {
+      auto& g = entry.second;  // not a structured binding: lambdas capture those only from C++20
       const torch::Device device = g.params.front().device();
       std::visit(
           [&](const auto& lr) {
@@ -141,7 +142,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       if (o.amsgrad()) g.max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
       g.steps.push_back(step_count(p, s));
     }
-    for (auto& [key, g] : groups) {
+    for (auto& entry : groups) {
+      auto& g = entry.second;  // not a structured binding: lambdas capture those only from C++20
       const torch::Device device = g.params.front().device();
       const auto found_inf = found_inf_on(device);
       // PyTorch: count the step first (bias correction uses it), take it back where it was skipped.
