@@ -63,6 +63,10 @@ TORCH_MODULE(Float8Linear);
 // torch::nn::Linear, and its dotted path in the root, "" for the root itself) -> convert it.
 using Float8ModuleFilter = std::function<bool(const torch::nn::Module& linear, const std::string& fqn)>;
 
+// Every Linear whose in and out features are multiples of 16 (the GPU's fp8 kernels need them), whatever
+// its shape: the first test of auto_filter_for_recipe, alone.
+Float8ModuleFilter fits_fp8_kernels_filter();
+
 // torchao's _auto_filter_for_recipe: no layer whose path contains one of `skip_fqns`, none whose in or out
 // features are not multiples of 16 (the GPU's fp8 kernels need them), and only the shapes where fp8 pays on
 // an H100 (torchao's measurements; K = in, N = out features): tensorwise skips K <= 4096 with N <= 1024;

@@ -53,7 +53,18 @@ std::optional<std::pair<int64_t, int64_t>> linear_features(const torch::nn::Modu
   return std::nullopt;
 }
 
+bool fits_fp8_kernels(int64_t in_features, int64_t out_features) {
+  return in_features % 16 == 0 && out_features % 16 == 0;
+}
+
 }  // namespace
+
+Float8ModuleFilter fits_fp8_kernels_filter() {
+  return [](const torch::nn::Module& layer, const std::string&) {
+    const auto features = linear_features(layer);
+    return features && fits_fp8_kernels(features->first, features->second);
+  };
+}
 
 Float8ModuleFilter auto_filter_for_recipe(Float8Recipe recipe, std::vector<std::string> skip_fqns) {
   return [recipe, skip_fqns = std::move(skip_fqns)](const torch::nn::Module& layer, const std::string& fqn) {
@@ -62,7 +73,7 @@ Float8ModuleFilter auto_filter_for_recipe(Float8Recipe recipe, std::vector<std::
     for (const auto& skip : skip_fqns)
       if (fqn.find(skip) != std::string::npos) return false;
     const auto [k, n] = *features;
-    if (k % 16 != 0 || n % 16 != 0) return false;
+    if (!fits_fp8_kernels(k, n)) return false;
     if (recipe == Float8Recipe::kTensorwise) return !(k <= 4096 && n <= 1024);
     return !(n <= 2048 || k <= 1024 || (n <= 4096 && k <= 2048));
   };

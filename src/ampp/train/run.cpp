@@ -81,13 +81,8 @@ std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelO
   torch::manual_seed(o.seed());
   auto model = make_model(o.model(), model_options);  // initialised on the CPU: the same weights everywhere
   if (o.fp8()) {
-    const auto config = Float8LinearConfig().recipe(*o.fp8());
-    const auto multiples_of_16 = [](const torch::nn::Module& m, const std::string&) {
-      const auto* l = m.as<Float8LinearImpl>();
-      return l && l->options.in_features() % 16 == 0 && l->options.out_features() % 16 == 0;
-    };
-    convert_to_float8_training(
-        *model, config, o.fp8_all_layers() ? Float8ModuleFilter(multiples_of_16) : auto_filter_for_recipe(*o.fp8()));
+    convert_to_float8_training(*model, Float8LinearConfig().recipe(*o.fp8()),
+                               o.fp8_all_layers() ? fits_fp8_kernels_filter() : auto_filter_for_recipe(*o.fp8()));
   }
   model->to(device);
   return model;
