@@ -6,7 +6,7 @@
 # out-of-memory input; the input is saved as build-fuzz/findings/<harness>-crash-<sha1> (add it to
 # the seed corpus and a test once fixed).
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]   default: 1800 s each, all of fuzz_pt fuzz_ampp_checkpoint fuzz_idx
-# CI (.ci/run) runs 60 s each. Prints each harness's executions and coverage (docs/training.md).
+# CI (.ci/run) runs 40 s each. Prints each harness's executions and coverage (docs/training.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-1800}
