@@ -32,11 +32,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "examples" / "python"))
 from bars import bar_lines  # noqa: E402
-from gpt import PRESETS  # noqa: E402
+from python_side import BENCH_PRESETS as PRESETS  # noqa: E402  (the GPT presets and gpt2-xl)
 
 # (model, precision, channels_last, ampp's extra flags, Python's extra flags), most important first: issue
 # 41's table. --capture: PyTorch's hand-written whole-step CUDA graph (python_side.py).
 GRAPHS, CAPTURE = ["--cuda-graphs"], ["--capture"]
+# Issue 42's fp8 cases (a GPT's Linear products in float8; Python: torchao's Float8Linear).
+FP8_TENSORWISE, FP8_ROWWISE, FP8_DELAYED = ["--fp8", "tensorwise"], ["--fp8", "rowwise"], ["--fp8", "delayed"]
+ALL_LAYERS = ["--fp8-layers", "all"]
 GPU_CASES = [
     ("cnn", "fp32", True, [], []),
     ("cnn", "bf16", True, [], []),
@@ -56,6 +59,12 @@ GPU_CASES = [
     ("resnet50", "o2-fp16", True, [], []),
     ("gpt2-124m", "bf16", False, [], ["--compile", "default"]),
     ("gpt2-124m", "o2-bf16", False, [], []),
+    ("gpt2-xl", "bf16", False, [], []),
+    ("gpt2-xl", "bf16", False, FP8_TENSORWISE, FP8_TENSORWISE),
+    ("gpt2-xl", "bf16", False, FP8_ROWWISE, FP8_ROWWISE),
+    ("gpt2-xl", "bf16", False, FP8_DELAYED, FP8_DELAYED),
+    ("gpt2-xl", "bf16", False, FP8_TENSORWISE, FP8_TENSORWISE + ["--compile", "default"]),
+    ("gpt2-124m", "bf16", False, FP8_TENSORWISE + ALL_LAYERS, FP8_TENSORWISE + ALL_LAYERS),
     ("cnn", "fp16", True, GRAPHS, CAPTURE),
     ("cnn", "o2-fp16", True, [], []),
     ("gpt2-124m", "bf16", False, GRAPHS, CAPTURE),
@@ -185,8 +194,17 @@ def fmt(value, spec):
     return format(value, spec) if isinstance(value, (int, float)) and value >= 0 else "-"
 
 
+def precision_label(precision, flags):
+    """The precision, and where the Linear products run in fp8, the recipe ("all": every layer)."""
+    if "--fp8" not in flags:
+        return precision
+    recipe = flags[flags.index("--fp8") + 1]
+    return f"{precision} + fp8 {recipe}" + (" (all layers)" if "--fp8-layers" in flags else "")
+
+
 def table_row(case, ampp, python, limit):
     model, precision, channels_last, ampp_flags, python_flags = case
+    precision = precision_label(precision, ampp_flags)
     layout = "NHWC" if channels_last and model != "gpt2-124m" and not model.startswith("gpt") else "-"
     how = " ".join(f for f in ampp_flags if f.startswith("--cuda")) or "eager"
     py_how = (" ".join(python_flags[python_flags.index("--compile"):][:2]) if "--compile" in python_flags

@@ -13,6 +13,8 @@
 // Precisions: fp32; tf32 (TF32 matmuls and convolutions); fp16 (autocast + GradScaler, O1); bf16
 // (autocast, O1); o2-fp16 and o2-bf16 (ampp::initialize O2: the model cast, FP32 masters). The optimizer
 // is fused: FusedSGD (momentum 0.9) for the conv nets, FusedAdamW for the GPTs, as PyTorch's fused=True.
+// --fp8 RECIPE (bf16 precisions, GPTs): the Linear layers that --fp8-layers takes run their products in
+// float8 (ampp::convert_to_float8_training; Python: torchao's). --model gpt2-xl: GPT-2 XL's shapes.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +30,7 @@
 
 #include <ampp/amp/initialize.h>
 #include <ampp/precision/autocast.h>
+#include <ampp/precision/float8_linear.h>
 #include <ampp/scaling/cuda_graph_step.h>
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/scaling/grad_scaler.h>
@@ -42,6 +45,7 @@ namespace {
 
 struct BenchOptions {
   std::string model = "cnn", precision = "fp32", device = "cuda";
+  std::string fp8, fp8_layers = "auto";  // a GPT's Linear products in float8: the recipe ("" none), which layers
   int64_t batch = 0, steps = 30, warmup = 10, context = 0, profile_steps = 0;
   double min_seconds = 1.0;
   bool channels_last = false, cuda_graphs = false;
@@ -55,14 +59,36 @@ struct Workload {
   bool is_gpt = false;
 };
 
+// GPT-2 XL's shapes (1.5B parameters), issue 42's size where fp8 pays: a benchmark model, not a preset of
+// `ampp train`. python_side.py builds the same.
+ampp::train::GptOptions gpt_options(const std::string& model) {
+  if (model == "gpt2-xl") return ampp::train::gpt_preset("gpt2-124m").n_layer(48).n_head(25).n_embd(1600);
+  return ampp::train::gpt_preset(model);
+}
+
+// --fp8: the GPT's Linear layers that the filter takes run their products in float8 (float8_linear.h).
+void convert_to_fp8(const BenchOptions& o, ampp::train::ClassifierImpl& model) {
+  if (o.fp8.empty()) return;
+  TORCH_CHECK(o.fp8_layers == "auto" || o.fp8_layers == "all", "--fp8-layers '", o.fp8_layers, "': auto or all");
+  const auto config = ampp::Float8LinearConfig::from_recipe_name(o.fp8);
+  ampp::convert_to_float8_training(
+      model, config,
+      o.fp8_layers == "all" ? ampp::fits_fp8_kernels_filter() : ampp::auto_filter_for_recipe(config.recipe()));
+}
+
 Workload make_workload(const BenchOptions& o, const torch::Device& device) {
   torch::manual_seed(0);
   Workload w;
-  if (ampp::train::is_gpt(o.model)) {
-    auto g = ampp::train::gpt_preset(o.model);
+  TORCH_CHECK(o.fp8.empty() || ampp::train::is_gpt(o.model) || o.model == "gpt2-xl", "--fp8: a GPT's Linear layers; ",
+              o.model, " has none");
+  TORCH_CHECK(o.fp8.empty() || o.precision == "bf16" || o.precision == "o2-bf16",
+              "--fp8 keeps the rest of the model in bf16: --precision bf16 or o2-bf16, got ", o.precision);
+  if (ampp::train::is_gpt(o.model) || o.model == "gpt2-xl") {
+    auto g = gpt_options(o.model);
     if (o.context > 0) g.context(o.context);
     const int64_t batch = o.batch > 0 ? o.batch : 8;
     w.model = ampp::train::make_gpt(g);
+    convert_to_fp8(o, *w.model);
     w.x = torch::randint(0, g.vocab_size(), {batch, g.context()}, torch::kLong);
     w.y = torch::randint(0, g.vocab_size(), {batch, g.context()}, torch::kLong);
     w.items = batch * g.context();
@@ -230,6 +256,7 @@ nlohmann::json run(const BenchOptions& o) {
   return {{"side", "ampp"},
           {"model", o.model},
           {"precision", o.precision},
+          {"fp8", o.fp8},
           {"channels_last", o.channels_last},
           {"cuda_graphs", o.cuda_graphs},
           {"batch", w.x.size(0)},
@@ -250,6 +277,8 @@ BenchOptions options_from(const nlohmann::json& j) {
   BenchOptions o;
   o.model = j.value("model", o.model);
   o.precision = j.value("precision", o.precision);
+  o.fp8 = j.value("fp8", o.fp8);
+  o.fp8_layers = j.value("fp8_layers", o.fp8_layers);
   o.device = j.value("device", o.device);
   o.batch = j.value("batch", o.batch);
   o.steps = j.value("steps", o.steps);
@@ -300,7 +329,7 @@ int main(int argc, char** argv) {
   bool serve_mode = false;
   CLI::App app{"ampp's side of the GPU benchmark: one JSON line per run (bench/gpu/compare.py)"};
   app.add_flag("--serve", serve_mode, "read cases from stdin, one JSON object a line; answer one line each");
-  app.add_option("--model", o.model, "cnn, resnet50, or a GPT preset (gpt2-124m, gpt-mini, gpt-tiny)");
+  app.add_option("--model", o.model, "cnn, resnet50, a GPT preset (gpt2-124m, gpt-mini, gpt-tiny), or gpt2-xl");
   app.add_option("--precision", o.precision, "fp32, tf32, fp16, bf16, o2-fp16, o2-bf16");
   app.add_option("--batch", o.batch, "batch size (0: 256 cnn, 128 resnet50, 8 GPT)");
   app.add_option("--context", o.context, "GPT sequence length (0: the preset's)");
@@ -309,6 +338,8 @@ int main(int argc, char** argv) {
   app.add_option("--min-seconds", o.min_seconds, "time rounds of --steps until this much time has passed");
   app.add_option("--profile-steps", o.profile_steps, "then profile this many steps: the top kernels (0: none)");
   app.add_option("--device", o.device, "cuda, cuda:N or cpu");
+  app.add_option("--fp8", o.fp8, "a GPT's Linear products in float8 under bf16: tensorwise, rowwise or delayed");
+  app.add_option("--fp8-layers", o.fp8_layers, "with --fp8: auto (torchao's filter) or all (sizes multiples of 16)");
   app.add_flag("--channels-last", o.channels_last, "conv nets: NHWC activations");
   app.add_flag("--cuda-graphs", o.cuda_graphs, "capture the step once and replay it (ampp::CudaGraphStep)");
   CLI11_PARSE(app, argc, argv);

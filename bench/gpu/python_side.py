@@ -30,10 +30,25 @@ from resnet50 import ResNet50  # noqa: E402
 from train_cnn import Cnn  # noqa: E402  (ampp train's cnn)
 
 
+# GPT-2 XL's shapes (1.5B parameters), as ampp_gpu_bench's gpt2-xl: issue 42's size where fp8 pays.
+BENCH_PRESETS = {**PRESETS, "gpt2-xl": dict(PRESETS["gpt2-124m"], n_layer=48, n_head=25, n_embd=1600)}
+
+
+def convert_to_fp8(args, model):
+    """--fp8: torchao's Float8Linear for the layers --fp8-layers takes (auto: torchao's own filter)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
+    if args.fp8_layers == "all":
+        keep = lambda m, fqn: m.in_features % 16 == 0 and m.out_features % 16 == 0  # noqa: E731
+    else:
+        keep = _auto_filter_for_recipe(args.fp8, filter_fqns=[])
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(args.fp8), module_filter_fn=keep)
+
+
 def workload(args, device):
     torch.manual_seed(0)
-    if args.model in PRESETS:
-        preset = dict(PRESETS[args.model])
+    if args.model in BENCH_PRESETS:
+        preset = dict(BENCH_PRESETS[args.model])
         if args.context:
             preset["context"] = args.context
         batch = args.batch or 8
@@ -50,8 +65,11 @@ def workload(args, device):
         model = Cnn(10, args.channels_last)
         x, y, items = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,)), batch
     else:
-        sys.exit(f"unknown --model {args.model!r}: cnn, resnet50 or one of {sorted(PRESETS)}")
-    return model.to(device), x.to(device), y.to(device), items, args.model in PRESETS
+        sys.exit(f"unknown --model {args.model!r}: cnn, resnet50 or one of {sorted(BENCH_PRESETS)}")
+    model = model.to(device)
+    if args.fp8:
+        convert_to_fp8(args, model)
+    return model, x.to(device), y.to(device), items, args.model in BENCH_PRESETS
 
 
 def make_step(args, model, x, y, is_gpt, device):
@@ -117,10 +135,18 @@ def capture(forward_backward, optimizer_step, opt, whole):
 
 def run(args):
     device = torch.device(args.device)
-    line = {"side": "python", "model": args.model, "precision": args.precision, "channels_last": args.channels_last,
+    line = {"side": "python", "model": args.model, "precision": args.precision, "fp8": args.fp8,
+            "channels_last": args.channels_last,
             "compile": args.compile or None, "capture": args.capture, "device": args.device, "torch": torch.__version__}
     if args.precision.startswith("o2-"):
         return {**line, "skipped": "apex's O2 has no PyTorch equivalent (apex is not installed)"}
+    if args.fp8 == "delayed":
+        return {**line, "skipped": "torchao has no delayed recipe, and TransformerEngine is not installed"}
+    if args.fp8:
+        try:
+            import torchao.float8  # noqa: F401
+        except Exception as e:  # noqa: BLE001  (not installed, or not for this torch)
+            return {**line, "skipped": f"torchao's float8 does not import: {e!r}"}
     if args.capture and args.compile:
         return {**line, "error": "--capture and --compile: one or the other"}
     torch.backends.cudnn.benchmark = True  # as ampp_gpu_bench
@@ -241,6 +267,9 @@ def parser():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--min-seconds", type=float, default=1.0, help="time rounds of --steps until this much has passed")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--fp8", default="", choices=["", "tensorwise", "rowwise", "delayed"],
+                   help="a GPT's Linear products in float8 (torchao), under bf16")
+    p.add_argument("--fp8-layers", default="auto", choices=["auto", "all"])
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", default="", help="torch.compile mode: default, reduce-overhead, max-autotune")
     p.add_argument("--capture", action="store_true", help="the hand-written whole-step CUDA graph")

@@ -20,7 +20,9 @@
 #include <ampp/precision/cpu_features.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/float8.h>
+#include <ampp/precision/float8_delayed.h>
 #include <ampp/precision/float8_linear.h>
+#include <ampp/precision/float8_ranges.h>
 #include <ampp/precision/kernels.h>
 #include <ampp/precision/nonfinite_locator.h>
 #include <ampp/precision/rounding.h>

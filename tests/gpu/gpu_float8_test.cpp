@@ -5,12 +5,14 @@
 // autocast (x cast first, as torchao does), and that its gradients are the CPU's.
 #include <ampp/precision/autocast.h>
 #include <ampp/precision/float8.h>
+#include <ampp/precision/float8_linear.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gpu_test_util.h"
 
@@ -60,4 +62,37 @@ TEST(GpuFloat8, BothRecipesOnTheGpuAgreeWithTheCpuToFp8Precision) {
       EXPECT_EQ(gpu.weight_grad.scalar_type(), torch::kFloat);
     }
   }
+}
+
+// The delayed recipe on the GPU: three steps of a Float8Linear whose state lives on the device. The amaxes are
+// those of the same tensors, so the histories and scales are the CPU's bit for bit; the products agree to
+// fp8's precision.
+TEST(GpuFloat8, TheDelayedRecipesStateOnTheGpuIsTheCpus) {
+  AMPP_REQUIRE_GPU();
+  if (!ampp::float8_supported()) GTEST_SKIP() << "float8 needs LibTorch 2.6 or newer";
+  torch::manual_seed(1);
+  const auto w = torch::randn({512, 256}) * 0.05;
+  std::vector<torch::Tensor> xs, gs;
+  for (int i = 0; i < 3; ++i) xs.push_back(torch::randn({256, 256}) * (i + 1)), gs.push_back(torch::randn({256, 512}));
+  auto run = [&](const torch::Device& device) {
+    ampp::Float8Linear layer(256, 512);
+    {
+      torch::NoGradGuard no_grad;
+      layer->weight.copy_(w);
+    }
+    layer->set_float8(ampp::Float8LinearConfig().recipe(ampp::Float8Recipe::kDelayed).amax_history_len(4));
+    layer->to(device);
+    torch::Tensor out;
+    for (int i = 0; i < 3; ++i) {
+      auto y = layer(xs[i].to(device));
+      y.backward(gs[i].to(device));
+      out = y.detach().cpu();
+    }
+    return std::vector<torch::Tensor>{out, layer->delayed_state().amax_history.cpu(),
+                                      layer->delayed_state().scale.cpu()};
+  };
+  const auto cpu = run(torch::kCPU), gpu = run(torch::Device(torch::kCUDA, 0));
+  EXPECT_LT(relative_gap(gpu[0], cpu[0]), 2e-2);
+  EXPECT_TRUE(torch::equal(gpu[1], cpu[1])) << gpu[1] << cpu[1];
+  EXPECT_TRUE(torch::equal(gpu[2], cpu[2])) << gpu[2] << cpu[2];
 }

@@ -89,6 +89,17 @@ void expect_no_host_reads_at_every_level(const std::function<TrainOptions(TrainO
   }
 }
 
+// gpt-tiny at O1 bf16 on a text of its own in `dir` (written once), batches of 32.
+TrainOptions gpt_run(const fs::path& dir, const std::string& run) {
+  const auto text = dir / "text.txt";
+  if (!fs::exists(text)) {
+    std::string words;
+    for (int i = 0; words.size() < 200000; ++i) words += "the cat sat on the mat " + std::to_string(i % 97) + ".\n";
+    std::ofstream(text) << words;
+  }
+  return gpu_run(dir / run, every_level()[2]).model("gpt-tiny").data("text:" + text.string()).batch_size(32);
+}
+
 void expect_same_training(const Summary& got, const Summary& want, const std::string& what) {
   EXPECT_EQ(got.steps, want.steps) << what;
   EXPECT_EQ(got.skipped_steps, want.skipped_steps) << what;
@@ -158,19 +169,37 @@ TEST(GpuTrain, TheGraphedTrainerFollowsTheCosineScheduleAsTheEagerOne) {
     expect_same_training(graphed, eager, p.name);
   }
   ampp_test::TempDir tmp;
-  std::string text;
-  for (int i = 0; text.size() < 200000; ++i) text += "the cat sat on the mat " + std::to_string(i % 97) + ".\n";
-  std::ofstream(tmp.path() / "text.txt") << text;
-  auto gpt = [&](const std::string& dir) {
-    return gpu_run(tmp.path() / dir, every_level()[2])
-        .model("gpt-tiny")
-        .data("text:" + (tmp.path() / "text.txt").string())
-        .batch_size(32)
-        .steps(40);
-  };
+  auto gpt = [&](const std::string& dir) { return gpt_run(tmp.path(), dir).steps(40); };
   const Summary eager = ampp::train::train(gpt("gpt-eager"));
   const Summary graphed = ampp::train::train(gpt("gpt-graphed").cuda_graphs(true));
   expect_same_training(graphed, eager, "gpt-tiny O1 bf16");
+}
+
+// `--dtype fp8 --fp8-layers all` on the GPU, each recipe: the GPT's Linear products on fp8 tensor cores,
+// nothing read on the host between log points (the delayed recipe's histories stay on the device), and the
+// graphed step trains as the eager one.
+TEST(GpuTrain, Fp8ReadsNothingOnTheHostAndTrainsGraphedAsEager) {
+  AMPP_REQUIRE_GPU();
+  if (!ampp::float8_supported()) GTEST_SKIP() << "float8 needs LibTorch 2.6 or newer";
+  ampp_gpu_test::DeterministicCudnn same_bits;
+  ampp_test::TempDir tmp;
+  for (const auto recipe :
+       {ampp::Float8Recipe::kTensorwise, ampp::Float8Recipe::kRowwise, ampp::Float8Recipe::kDelayed}) {
+    SCOPED_TRACE(ampp::to_string(recipe));
+    auto gpt = [&](const std::string& dir) {
+      return gpt_run(tmp.path(), ampp::to_string(recipe) + dir).steps(24).fp8(recipe).fp8_all_layers(true);
+    };
+    {
+      const FaultsFor faults(sync_is_an_error);
+      Summary s;
+      ASSERT_NO_THROW(s = ampp::train::train(gpt("-no-reads")));
+      EXPECT_EQ(s.steps, 24);
+      EXPECT_TRUE(std::isfinite(s.train_loss));
+    }
+    const Summary eager = ampp::train::train(gpt("-eager"));
+    const Summary graphed = ampp::train::train(gpt("-graphed").cuda_graphs(true));
+    expect_same_training(graphed, eager, ampp::to_string(recipe));
+  }
 }
 
 TEST(GpuTrain, TheGraphedTrainerResumesFromItsCheckpointsAsIfNeverStopped) {

@@ -111,8 +111,8 @@ TEST(Float8Linear, ScalesAtTheEdges) {
 
 TEST(Float8Linear, BadInputsAreClearErrors) {
   EXPECT_NE(failure_of([] {
-              ampp::Float8LinearConfig::from_recipe_name("delayed");
-            }).find("unknown fp8 recipe 'delayed': use tensorwise or rowwise"),
+              ampp::Float8LinearConfig::from_recipe_name("mxfp8");
+            }).find("unknown fp8 recipe 'mxfp8': use tensorwise, rowwise or delayed"),
             std::string::npos);
   AMPP_REQUIRE_FLOAT8();
   const auto message =

@@ -46,10 +46,13 @@ TEST(FsdpCli, TheGptsBlocksShardedTrainAsDdpInBf16) {
   check_fsdp_trains_as_ddp("gpt-tiny", "--opt-level O1 --dtype bf16 --clip-grad-norm 0");
 }
 
-// fp8 products (float8_linear) on the gathered weights, their gradients reduce-scattered into the shards.
+// fp8 products (float8_linear) on the gathered weights, their gradients reduce-scattered into the shards; the
+// delayed recipe's histories (unsharded buffers) reduced over the ranks as under DDP.
 TEST(FsdpCli, TheGptsBlocksShardedTrainAsDdpWithFp8Products) {
   if (!ampp::float8_supported()) GTEST_SKIP() << "float8 needs LibTorch 2.6 or newer";
   check_fsdp_trains_as_ddp("gpt-tiny", "--opt-level O1 --dtype fp8 --fp8-layers all --clip-grad-norm 0");
+  check_fsdp_trains_as_ddp("gpt-tiny",
+                           "--opt-level O1 --dtype fp8 --fp8-layers all --fp8-recipe delayed --clip-grad-norm 0");
 }
 
 TEST(FsdpCli, TheResNetsStagesShardedTrainAsDdpInFp32) { check_fsdp_trains_as_ddp("resnet", "--opt-level O0"); }

@@ -184,7 +184,7 @@ TEST(GptCli, Fp8TrainsResumesAndLoadsIntoPython) {
   };
   const double bf16 = test_loss("--dtype bf16").at("test_loss").get<double>();
   EXPECT_LT(bf16, 4.0);  // from ln(256) = 5.55 at the start
-  for (const std::string recipe : {"tensorwise", "rowwise"}) {
+  for (const std::string recipe : {"tensorwise", "rowwise", "delayed"}) {
     SCOPED_TRACE(recipe);
     const auto s = test_loss("--dtype fp8 --fp8-layers all --fp8-recipe " + recipe);
     EXPECT_NE(s.at("precision").get<std::string>().find("fp8 " + recipe + " in 8 of 8 Linear layers"),
@@ -197,6 +197,42 @@ TEST(GptCli, Fp8TrainsResumesAndLoadsIntoPython) {
   const auto out = python_reads_checkpoint_of(tmp.path(), "--nproc 1 --steps 4 --dtype fp8 --fp8-layers all");
   if (out.rfind("skip: ", 0) == 0) GTEST_SKIP() << out;
   EXPECT_NE(out.find("loaded 28 tensors, step 4"), std::string::npos) << out;
+}
+
+// The delayed recipe's state (each layer's amax history and scales, float32 buffers, also at O2's bf16
+// model) is part of the checkpoint: two workers (their amaxes reduced to the max each step) resume it bit for
+// bit, and the Python twin loads the 16 buffers beside the 28 parameters.
+TEST(GptCli, Fp8DelayedStateResumesAndLoadsIntoPython) {
+  if (!ampp::float8_supported()) GTEST_SKIP() << "float8 needs LibTorch 2.6 or newer";
+  const std::string delayed = " --dtype fp8 --fp8-layers all --fp8-recipe delayed --fp8-amax-history 4";
+  ampp_test::check_resume_is_exact("--nproc 2 --opt-level O2 --lr-decay-steps 40" + delayed, gpt_run);
+  ampp_test::TempDir tmp;
+  const auto out = python_reads_checkpoint_of(tmp.path(), "--nproc 1 --steps 4" + delayed);
+  if (out.rfind("skip: ", 0) == 0) GTEST_SKIP() << out;
+  EXPECT_NE(out.find("loaded 44 tensors, step 4"), std::string::npos) << out;
+}
+
+// The doctor under --dtype fp8: per layer and tensor, each training pass's casts (not the evaluation's),
+// the range used (tensorwise: its amax maps onto e4m3's largest value) and what saturated or flushed.
+TEST(GptCli, TheDoctorReportsEachFp8TensorsRange) {
+  if (!ampp::float8_supported()) GTEST_SKIP() << "float8 needs LibTorch 2.6 or newer";
+  ampp_test::TempDir tmp;
+  auto command = gpt_run(tmp.path(), "--nproc 1 --steps 5 --doctor --dtype fp8 --fp8-layers all");
+  command.erase(command.find(" --quiet"), 8);  // the doctor's lines on the terminal
+  const auto r = run_ampp(command);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("doctor: fp8: no value saturated"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("doctor: fp8: most flushed to zero: h."), std::string::npos) << r.output;
+  const auto report = nlohmann::json::parse(std::ifstream(tmp.path() / "out" / "doctor.json")).at("fp8");
+  ASSERT_EQ(report.at("tensors").size(), 24U) << report.dump();  // 8 layers x (input, weight, gradient)
+  EXPECT_TRUE(report.at("first_saturated").is_null());
+  for (const auto& t : report.at("tensors")) {
+    EXPECT_EQ(t.at("casts").get<int64_t>(), 5) << t.dump();
+    EXPECT_EQ(t.at("format").get<std::string>(), t.at("tensor") == "gradient" ? "e5m2" : "e4m3") << t.dump();
+    EXPECT_NEAR(t.at("max_range_used").get<double>(), 1.0, 1e-6) << t.dump();
+    EXPECT_EQ(t.at("saturated").get<double>(), 0.0) << t.dump();
+    EXPECT_GE(t.at("flushed_to_zero").get<double>(), 0.0) << t.dump();
+  }
 }
 
 TEST(GptCli, ModelsAndDataMustMatch) {

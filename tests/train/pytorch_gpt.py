@@ -24,6 +24,11 @@ vocab_size, n_embd = state["wte.weight"].shape
 n_layer = len({k.split(".")[1] for k in state if k.startswith("h.")})
 n_head = 2  # any divisor of n_embd: the head count changes no parameter's shape
 model = Gpt(vocab_size, state["wpe.weight"].shape[0], n_layer, n_head, n_embd)
+# `--fp8-recipe delayed`: its Linear layers' scaling state (float8_delayed.h), buffers of those layers here too.
+for key, tensor in state.items():
+    if key.endswith((".fp8_amax_history", ".fp8_scale")):
+        layer, name = key.rsplit(".", 1)
+        model.get_submodule(layer).register_buffer(name, torch.empty_like(tensor))
 model.load_state_dict(state)  # strict
 print(f"loaded {len(state)} tensors, step {ckpt['step']}")
 

@@ -68,7 +68,7 @@ void add_fp8_flags(CLI::App& sub, TrainArgs& a) {
   sub.add_option_function<std::string>(
          "--fp8-recipe", [&a](const std::string& text) { a.fp8_recipe = ampp::parse_float8_recipe(text); },
          "with --dtype fp8: torchao's tensorwise (one scale per tensor, e5m2 gradients) or rowwise (per row, "
-         "power-of-2 scales)")
+         "power-of-2 scales), or TransformerEngine's delayed (scales from an amax history)")
       ->check(ampp::cli::parsed_by(ampp::parse_float8_recipe, "RECIPE"))
       ->default_str("tensorwise");
   sub.add_option_function<std::string>(
@@ -80,6 +80,8 @@ void add_fp8_flags(CLI::App& sub, TrainArgs& a) {
          "with --dtype fp8: auto (the shapes where fp8 pays, torchao's filter) or all (every Linear whose sizes "
          "are multiples of 16)")
       ->default_str("auto");
+  ampp::cli::add_number(sub, "--fp8-amax-history", a.options.fp8_amax_history(),
+                        "with --fp8-recipe delayed: the passes each scale is computed from");
 }
 
 void add_precision_flags(CLI::App& sub, TrainOptions& o) {

@@ -7,11 +7,11 @@
 //   }                                                        // previous state restored here
 //
 // Inside a region, listed ATen ops cast their floating-point tensor arguments according to a
-// per-op CastPolicy (PyTorch 1.13's published lists by default, see docs/precision.md). The lists
+// per-op CastPolicy (PyTorch's published lists by default, see docs/precision.md). The lists
 // can be queried (policy_of) and extended at run time for any registered aten op (apex's
 // register_half_function / register_float_function / register_promote_function).
 //
-// fp16 on CPU: LibTorch 1.13 has no fp16 CPU kernels. ampp emulates fp16 faithfully: values and
+// fp16 on CPU: LibTorch's fp16 CPU kernels are scalar (1.13 has none). ampp emulates fp16 faithfully: values and
 // gradients that cross lower-precision ops are rounded to IEEE half (overflow to inf, underflow to
 // subnormals/zero) while the arithmetic runs in fp32 and tensors are stored as float32 carriers.
 //
@@ -143,7 +143,7 @@ void register_half_function(const std::string& op, c10::DeviceType device_type =
 void register_float_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
 void register_promote_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
 
-/// Restore PyTorch 1.13's default lists for `device_type` (undo all registrations).
+/// Restore the default lists for `device_type` (undo all registrations).
 void reset_op_policies(c10::DeviceType device_type = c10::DeviceType::CPU);
 
 }  // namespace ampp

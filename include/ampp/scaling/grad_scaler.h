@@ -1,5 +1,5 @@
 #pragma once
-// ampp::GradScaler: PyTorch's dynamic loss scaling (torch.cuda.amp.GradScaler, 1.13 semantics) for
+// ampp::GradScaler: PyTorch's dynamic loss scaling (torch.amp.GradScaler's semantics) for
 // LibTorch optimizers, plus the scale policies other frameworks use (static scale, max cap, min floor,
 // hysteresis) as options on the same class. Semantics and decisions: docs/grad_scaler.md.
 //
@@ -69,7 +69,7 @@ struct GradScalerOptions {
   /// steps with inf/NaN gradients are still skipped and counted.
   TORCH_ARG(bool, dynamic) = true;
   /// Growth never takes the scale above this (insightface MaxClipGradScaler, apex max_loss_scale 2^24).
-  /// Default +inf = no cap (PyTorch 1.13: scale can grow to +inf).
+  /// Default +inf = no cap, as PyTorch's.
   TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
   /// Backoff never takes the scale below this (DeepSpeed/apex min_loss_scale). 0 = no floor of the
   /// user's (PyTorch); the scale still never goes below kMinLossScale.

@@ -8,8 +8,7 @@ namespace ampp::train {
 /// frees and re-allocates the same activation buffers every iteration; by default glibc unmaps
 /// the large ones and trims the heap, so every step page-faults (and the kernel zeroes) them again.
 /// Measured here: the reference CNN's fp32 step 2.0x faster at 1 thread (same-run ratio printed by
-/// bench/train/ampp_bench_process_setup), the default `ampp train` run ~15% faster
-/// (docs/benchmarks.md). Cost: the process keeps its peak heap size until exit.
+/// bench/train/ampp_bench_process_setup, LibTorch 1.13). Cost: the process keeps its peak heap size until exit.
 /// Returns false (and changes nothing) where the C library is not glibc. Call it once, early.
 bool retain_freed_memory();
 

@@ -26,7 +26,7 @@ struct ModelOptions {
   TORCH_ARG(bool, sync_batch_norm) = false;
   // cnn and resnet: the input, and so every activation, in channels-last (NHWC) order. LibTorch's CPU
   // kernels are vectorised over channels in that order: max_pool2d_with_indices (training's max-pool) is
-  // 8x faster than in NCHW on 16x28x28 maps here, the whole CNN step 1.2-1.4x (docs/benchmarks.md). The
+  // 8x faster than in NCHW on 16x28x28 maps here. The
   // same computation; kernels may round differently. Parameters keep their layout.
   TORCH_ARG(bool, channels_last) = true;
   // GPTs only (gpt.h): the sequence length and the sizes; 0 keeps the preset's. num_classes is the data's

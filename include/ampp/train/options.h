@@ -47,6 +47,9 @@ struct TrainOptions {
   // fp8_all_layers: every one whose sizes are multiples of 16. O1 and O2.
   TORCH_ARG(std::optional<Float8Recipe>, fp8) = std::nullopt;
   TORCH_ARG(bool, fp8_all_layers) = false;
+  // The delayed recipe's amax history: the passes each scale is computed from (TransformerEngine's
+  // amax_history_len; its default).
+  TORCH_ARG(int64_t, fp8_amax_history) = 1024;
   // nullopt: the opt level's own (apex: static 1.0 at O0 and O3, dynamic at O1 and O2).
   TORCH_ARG(std::optional<LossScale>, loss_scale) = std::nullopt;
   // Global batch; each of W workers takes batch_size / W (integer division, as seed 000).

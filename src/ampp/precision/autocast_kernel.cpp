@@ -258,8 +258,7 @@ void ensure_cuda_list_kernels_installed() {
 
 void install_kernel_for(const std::string& key, c10::DeviceType device_type) {
   TORCH_CHECK(device_type == c10::DeviceType::CPU,
-              "ampp: op policies can only be changed for torch::kCPU in this build (LibTorch without CUDA); "
-              "the CUDA lists are LibTorch's built-in ones");
+              "ampp: op policies can only be changed for torch::kCPU; the CUDA lists are LibTorch's built-in ones");
   auto& inst = installed();
   std::lock_guard<std::mutex> lock(inst.mutex);
   if (!inst.library) return;  // installed with the full table on first use

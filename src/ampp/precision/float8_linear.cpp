@@ -1,5 +1,6 @@
 // Float8Linear and convert_to_float8_training (float8_linear.h).
 #include <ampp/precision/float8_linear.h>
+#include <ampp/precision/float8_ranges.h>
 
 #include <c10/util/Exception.h>
 #include <torch/nn/functional/linear.h>
@@ -20,7 +21,27 @@ void Float8LinearImpl::reset() {
   weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
   bias = register_parameter("bias", torch::empty(options.out_features()), /*requires_grad=*/options.bias());
   if (!options.bias()) bias = register_parameter("bias", torch::Tensor(), false);
+  delayed_ = {};
+  if (float8_ && float8_->recipe() == Float8Recipe::kDelayed) register_delayed_state();  // a clone's
   reset_parameters();
+}
+
+void Float8LinearImpl::register_delayed_state() {
+  const auto state = make_float8_delayed_state(float8_->amax_history_len(), weight.device());
+  delayed_.amax_history = register_buffer("fp8_amax_history", state.amax_history);
+  delayed_.scale = register_buffer("fp8_scale", state.scale);
+}
+
+void Float8LinearImpl::set_float8(std::optional<Float8LinearConfig> config) {
+  const bool delayed = config && config->recipe() == Float8Recipe::kDelayed;
+  if (delayed_.amax_history.defined()) {
+    TORCH_CHECK(delayed && config->amax_history_len() == delayed_.amax_history.size(0),
+                "ampp::Float8Linear: this layer holds the delayed recipe's state (", delayed_.amax_history.size(0),
+                " passes of amax history) in its buffers; it keeps that recipe and length. Build a new layer for "
+                "another recipe");
+  }
+  float8_ = config;
+  if (delayed && !delayed_.amax_history.defined()) register_delayed_state();
 }
 
 // torch::nn::LinearImpl::reset_parameters, draw for draw, so that a model seeded alike starts alike.
@@ -40,6 +61,9 @@ void Float8LinearImpl::pretty_print(std::ostream& stream) const {
 
 torch::Tensor Float8LinearImpl::forward(const torch::Tensor& input) {
   if (!float8_) return torch::nn::functional::linear(input, weight, bias);
+  const detail::Float8LayerScope named(layer_name_);
+  if (float8_->recipe() == Float8Recipe::kDelayed)
+    return float8_delayed_linear(input, weight, bias, *float8_, delayed_, is_training());
   return float8_linear(input, weight, bias, *float8_);
 }
 
@@ -74,8 +98,8 @@ Float8ModuleFilter auto_filter_for_recipe(Float8Recipe recipe, std::vector<std::
       if (fqn.find(skip) != std::string::npos) return false;
     const auto [k, n] = *features;
     if (!fits_fp8_kernels(k, n)) return false;
-    if (recipe == Float8Recipe::kTensorwise) return !(k <= 4096 && n <= 1024);
-    return !(n <= 2048 || k <= 1024 || (n <= 4096 && k <= 2048));
+    if (recipe == Float8Recipe::kRowwise) return !(n <= 2048 || k <= 1024 || (n <= 4096 && k <= 2048));
+    return !(k <= 4096 && n <= 1024);  // tensorwise's, and delayed's: the same per-tensor products
   };
 }
 
@@ -89,6 +113,7 @@ std::vector<std::string> convert_to_float8_training(torch::nn::Module& root, con
                 "' is a torch::nn::Linear, which cannot be swapped in LibTorch (a module calls its children by "
                 "their own type); build it as ampp::Float8Linear, which has the same parameters and names");
     layer->set_float8(config);
+    layer->set_layer_name(fqn);
     converted.push_back(fqn);
   };
   convert(root, "");  // the root itself, which need not live in a shared_ptr

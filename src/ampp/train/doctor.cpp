@@ -172,11 +172,12 @@ std::string doctor_script(const GradientRanges& r, const std::string& data, cons
 }  // namespace
 
 std::vector<std::string> write_doctor_report(const GradientRanges& r, const nlohmann::json& first_non_finite,
-                                             const std::string& out_dir, bool plots) {
+                                             const nlohmann::json& fp8, const std::string& out_dir, bool plots) {
   const fs::path out(out_dir);
   std::vector<std::string> written{(out / "doctor.json").string()};
   auto report = doctor_json(r);
   if (!first_non_finite.is_null()) report["first_non_finite"] = first_non_finite;
+  if (!fp8.is_null()) report["fp8"] = fp8;
   write_file_atomic(written[0], report.dump(2) + "\n");
   const auto layers = by_layer(r);
   int lo = INT_MAX, hi = INT_MIN;

@@ -33,6 +33,10 @@ void validate_gpt_sizes(const TrainOptions& o) {
 
 void validate_fp8(const TrainOptions& o) {
   TORCH_CHECK(!o.fp8_all_layers() || o.fp8(), "TrainOptions::fp8_all_layers chooses the fp8 layers; add --dtype fp8");
+  TORCH_CHECK(o.fp8_amax_history() == TrainOptions().fp8_amax_history() || o.fp8() == Float8Recipe::kDelayed,
+              "TrainOptions::fp8_amax_history is the delayed recipe's; add --dtype fp8 --fp8-recipe delayed");
+  TORCH_CHECK(o.fp8_amax_history() >= 1 && o.fp8_amax_history() <= 1000000,
+              "TrainOptions::fp8_amax_history must be 1 to 1000000 passes, got ", o.fp8_amax_history());
   if (!o.fp8()) return;
   TORCH_CHECK(ampp::float8_supported(), "TrainOptions::fp8 needs LibTorch 2.6 or newer (float8 types and _scaled_mm)");
   TORCH_CHECK(is_gpt(o.model()), "TrainOptions::fp8: fp8 products are the GPTs' Linear layers; ", o.model(),

@@ -26,11 +26,14 @@ void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per
 void write_doctor_outputs(const Run& run) {
   if (!run.ranges) return;
   for (const auto& line : doctor_summary(*run.ranges)) run.say(line);
+  if (run.fp8_ranges)
+    for (const auto& line : doctor_fp8_summary(*run.fp8_ranges)) run.say(line);
   if (run.first_non_finite.contains("origin") && !run.first_non_finite["origin"].is_null())
     run.say(fmt::format("doctor: step {}: {}", run.first_non_finite["step"].get<int64_t>(),
                         run.first_non_finite["origin"].get<std::string>()));
   try {
-    const auto written = write_doctor_report(*run.ranges, run.first_non_finite, run.o.out(), run.o.plots());
+    const auto fp8 = run.fp8_ranges ? doctor_fp8_json(*run.fp8_ranges) : nlohmann::json();
+    const auto written = write_doctor_report(*run.ranges, run.first_non_finite, fp8, run.o.out(), run.o.plots());
     run.say(fmt::format("doctor: {}", fmt::join(written, ", ")));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ampp train: warning: the doctor's report was not written: %s\n", e.what());

@@ -81,7 +81,7 @@ std::shared_ptr<ClassifierImpl> seeded_model(const TrainOptions& o, const ModelO
   torch::manual_seed(o.seed());
   auto model = make_model(o.model(), model_options);  // initialised on the CPU: the same weights everywhere
   if (o.fp8()) {
-    convert_to_float8_training(*model, Float8LinearConfig().recipe(*o.fp8()),
+    convert_to_float8_training(*model, Float8LinearConfig().recipe(*o.fp8()).amax_history_len(o.fp8_amax_history()),
                                o.fp8_all_layers() ? fits_fp8_kernels_filter() : auto_filter_for_recipe(*o.fp8()));
   }
   model->to(device);
@@ -188,6 +188,7 @@ std::string fingerprint(const TrainOptions& o, int world, int64_t cosine_steps, 
   if (o.warmup_steps() > 0) f += fmt::format(" warmup_steps={}", o.warmup_steps());  // absent before warmup
   if (o.grad_accum() > 1) f += fmt::format(" grad_accum={}", o.grad_accum());        // other rounding
   if (o.fp8()) f += fmt::format(" fp8={}{}", to_string(*o.fp8()), o.fp8_all_layers() ? ":all" : "");
+  if (o.fp8() == Float8Recipe::kDelayed) f += fmt::format(" fp8_amax_history={}", o.fp8_amax_history());
   // Absent for SGD and StepLR, which every checkpoint before them used.
   if (o.optimizer() != OptimizerKind::kSgd) f += " optimizer=" + to_string(*o.optimizer());
   if (o.lr_schedule() != LrSchedule::kStep)

@@ -14,6 +14,7 @@
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/float8_linear.h>
+#include <ampp/precision/float8_ranges.h>
 #include <ampp/precision/nonfinite_locator.h>
 #include <ampp/scaling/cuda_graph_step.h>
 #include <ampp/scaling/fused_optimizers.h>
@@ -172,10 +173,11 @@ struct Run {
   // For the divergence message: the last finite loss and where it was.
   double last_finite_loss = std::numeric_limits<double>::quiet_NaN();
   int64_t last_finite_loss_step = 0;
-  std::vector<std::string> last_overflowed;  // the parameters of the latest skipped step
-  std::optional<GradientRanges> ranges;      // the numerics doctor's report (TrainOptions::doctor, rank 0)
-  nlohmann::json first_non_finite;           // the doctor's replay of the first skipped step (null: none yet)
-  StepPhases phases;                         // where this process's step time went
+  std::vector<std::string> last_overflowed;       // the parameters of the latest skipped step
+  std::optional<GradientRanges> ranges;           // the numerics doctor's report (TrainOptions::doctor, rank 0)
+  std::optional<Float8RangeRecorder> fp8_ranges;  // its fp8 part (TrainOptions::fp8 too)
+  nlohmann::json first_non_finite;                // the doctor's replay of the first skipped step (null: none yet)
+  StepPhases phases;                              // where this process's step time went
   PhaseClock clock{phases};
   std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
   std::optional<OpProfile> ops;

@@ -151,6 +151,24 @@ torch::Tensor forward_logits(Run& run, const torch::Tensor& data) {
   return logits.to(torch::kFloat32);
 }
 
+// TransformerEngine's reduce_amax for the delayed fp8 recipe: the step's amaxes (row 0 of each layer's
+// history) become their max over the ranks, so every rank folds the same history into the same scales. One
+// allreduce per step, queued on the device.
+void reduce_float8_amaxes(Run& run) {
+  if (run.workers.world == 1 || run.o.fp8() != Float8Recipe::kDelayed) return;
+  std::vector<torch::Tensor> rows;
+  for (const auto& module : run.model->modules()) {
+    const auto* layer = module->as<Float8LinearImpl>();
+    if (layer && layer->delayed_state().amax_history.defined()) rows.push_back(layer->delayed_state().amax_history[0]);
+  }
+  if (rows.empty()) return;
+  std::vector<torch::Tensor> flat{torch::cat(rows)};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  run.workers.pg.c10d()->allreduce(flat, max)->wait();
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].copy_(flat[0].narrow(0, 3 * static_cast<int64_t>(i), 3));
+}
+
 // A step's forward and backward: its whole batch, or TrainOptions::grad_accum equal micro-batches, each
 // loss divided by their number. All but the last backward leave the gradients scaled (apex's
 // delay_unscale) and, under DDP, on this rank (no_sync). The whole batch's logits and mean loss, and the
@@ -178,6 +196,7 @@ ForwardBackward forward_backward(Run& run, const torch::Tensor& data, const torc
     out.scaled->backward();
     run.clock.lap(StepPhase::kBackward);
   }
+  reduce_float8_amaxes(run);
   // One batch (the default) takes no division, copy or mean: the step's kernels as without accumulation.
   out.logits = n == 1 ? logits[0].detach() : torch::cat(logits).detach();
   out.loss = n == 1 ? losses[0] : torch::stack(losses).mean();  // equal micro-batches: the batch's mean
@@ -189,6 +208,7 @@ ForwardBackward forward_backward(Run& run, const torch::Tensor& data, const torc
 detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const torch::Tensor& target) {
   Amp& amp = run.amp;
   amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/amp.h)
+  if (run.fp8_ranges) run.fp8_ranges->set_step(run.position.global_step + 1);
   run.buffer_guard.save();
   auto [logits, loss, scaled] = forward_backward(run, data, target);
   if (run.ddp) run.clock.move(StepPhase::kBackward, StepPhase::kAllreduceWait, allreduce_wait_seconds(*run.ddp));

@@ -206,6 +206,7 @@ Summary train(const TrainOptions& unresolved) {
   dist::report_progress(run.position.global_step);  // watched by the launcher from here on
   open_outputs(run);
   if (options.doctor() && run.workers.leader()) run.ranges.emplace();
+  if (options.doctor() && options.fp8() && run.workers.leader()) run.fp8_ranges.emplace();
   if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
   const bool read_as_on_a_gpu = run.device.is_cuda() || run.faults.uncaptured_graph_step || run.faults.gpu_step_on_cpu;
