@@ -81,7 +81,8 @@ json ampp_side(const Case& c, const Sequence& in) {
     if (under_autocast(c)) region.emplace(torch::kCPU, torch::kBFloat16);
     auto y = ampp::float8_delayed_linear(x, weight, bias, config, state, /*record=*/true);
     y.backward(in.gs[i].to(y.scalar_type()));
-    out["steps"].push_back({{"out", encode(y.detach())}, {"x_grad", encode(x.grad())}, {"weight_grad", encode(weight.grad())}});
+    out["steps"].push_back(
+        {{"out", encode(y.detach())}, {"x_grad", encode(x.grad())}, {"weight_grad", encode(weight.grad())}});
   }
   torch::NoGradGuard no_grad;
   std::optional<ampp::autocast> region;
@@ -93,9 +94,10 @@ json ampp_side(const Case& c, const Sequence& in) {
 }
 
 json oracle_input(const Case& c, const Sequence& s) {
-  json one{{"weight", encode(s.weight)}, {"bias", encode(s.bias)},   {"history_len", c.history_len},
-           {"algo", c.algo},             {"margin", c.margin},       {"autocast", under_autocast(c)},
-           {"xs", json::array()},        {"gs", json::array()}};
+  json one{{"weight", encode(s.weight)},   {"bias", encode(s.bias)},
+           {"history_len", c.history_len}, {"algo", c.algo},
+           {"margin", c.margin},           {"autocast", under_autocast(c)},
+           {"xs", json::array()},          {"gs", json::array()}};
   for (const auto& x : s.xs) one["xs"].push_back(encode(x));
   for (const auto& g : s.gs) one["gs"].push_back(encode(g));
   return one;
@@ -131,8 +133,8 @@ bool run_cases() {
   if (!oracle) return false;
   for (size_t i = 0; i < all.size(); ++i) {
     const auto& c = all[i];
-    SCOPED_TRACE("len " + std::to_string(c.history_len) + " " + c.algo + " margin " + std::to_string(c.margin) +
-                 " " + c.mode + " case " + std::to_string(i));
+    SCOPED_TRACE("len " + std::to_string(c.history_len) + " " + c.algo + " margin " + std::to_string(c.margin) + " " +
+                 c.mode + " case " + std::to_string(i));
     const auto& want = oracle->at("cases")[i];
     for (size_t step = 0; step < kXScale.size(); ++step) {
       SCOPED_TRACE("step " + std::to_string(step));

@@ -10,6 +10,7 @@
 // (2^-11 each). Measured: at most 1.2e-3 (O1) and 1.7e-3 (O2, O3).
 
 #include "oracle/oracle.h"
+#include "precision/test_util.h"
 
 #include <ampp/amp/initialize.h>
 #include <ampp/train/models.h>
@@ -76,7 +77,8 @@ std::string level_name(const Case& c) { return std::string(ampp::to_string(c.lev
 }  // namespace
 
 TEST(GptStepOracle, LossAndGradientsMatchPyTorchAtEveryOptLevel) {
-  torch::set_num_threads(1);  // as the oracle (oracle_common.py): reductions in one order
+  torch::set_num_threads(1);           // as the oracle (oracle_common.py): reductions in one order
+  const ampp_test::NativeBf16 native;  // PyTorch's bf16 kernels, on any CPU
   torch::manual_seed(11);
   const auto tokens = torch::randint(256, {4, 16}, torch::kLong), targets = torch::randint(256, {4, 16}, torch::kLong);
   json input = {{"config", {{"vocab_size", 256}, {"context", 16}, {"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}}},

@@ -97,6 +97,7 @@ TEST_F(AutocastGuard, ConstructorErrorLeavesStateUntouched) {
 // fp16 emulation caches its rounded weights, native bf16 uses LibTorch's cache (observed through
 // addbmm here; Bf16Compute::kFp32 keeps no cast copies of weights at all).
 TEST_F(AutocastGuard, WeightCastCachedWithinRegionAndClearedAtOutermostExit) {
+  const ampp_test::NativeBf16 native;  // the cache of bf16 casts is the native path's
   auto w = torch::randn({2, 4, 3}, torch::requires_grad());
   auto x = torch::randn({2, 3, 4});
   auto bias = torch::zeros({4, 4});

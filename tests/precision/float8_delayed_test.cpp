@@ -107,8 +107,7 @@ TEST(Float8Delayed, MisuseIsAClearError) {
   EXPECT_NE(message.find("use ampp::float8_delayed_linear with a Float8DelayedState"), std::string::npos) << message;
   layer->to(torch::kBFloat16);
   message = error_of([&] { layer(torch::randn({4, 16}, torch::kBFloat16)); });
-  EXPECT_NE(message.find("the amax history and scales must stay float32, got BFloat16"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("the amax history and scales must stay float32, got BFloat16"), std::string::npos) << message;
   message = error_of([] { ampp::make_float8_delayed_state(0, torch::kCPU); });
   EXPECT_NE(message.find("amax_history_len must be at least 1, got 0"), std::string::npos) << message;
 }
@@ -151,7 +150,6 @@ TEST(Float8Ranges, TheRecorderNamesTheFirstTensorToSaturateAndCountsFlushes) {
   EXPECT_EQ(ranges[2].tensor, "input");
   EXPECT_EQ(ranges[2].layer, "b");
   EXPECT_EQ(ranges.back().format, torch::kFloat8_e5m2);  // gradients: e5m2
-
 }
 
 TEST(Float8Ranges, TensorwiseNeverSaturatesAndFlushesWhatIsBelowE4m3sRange) {

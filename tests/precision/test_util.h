@@ -2,6 +2,7 @@
 // Helpers shared by the precision tests.
 
 #include <ATen/ATen.h>
+#include <ampp/precision/autocast.h>
 #include <ampp/precision/torch_compat.h>
 #include <torch/torch.h>
 
@@ -20,6 +21,17 @@ struct OneThread : ::testing::Test {
     // Every test must leave the thread without an active region.
     EXPECT_FALSE(ampp::precision::compat::autocast_enabled(c10::DeviceType::CPU));
   }
+};
+
+// LibTorch's bf16 kernels for CPU bf16 regions while alive (Bf16Compute::kNative, what PyTorch's autocast
+// runs), whatever this CPU's bf16 units: on a CPU without them ampp computes bf16 GEMMs in fp32 by default,
+// with no cast copies of weights and another rounding. For comparisons with PyTorch and checks of the native
+// path.
+struct NativeBf16 {
+  NativeBf16() { ampp::set_default_bf16_compute(ampp::Bf16Compute::kNative); }
+  ~NativeBf16() { ampp::set_default_bf16_compute(ampp::Bf16Compute::kAutomatic); }
+  NativeBf16(const NativeBf16&) = delete;
+  NativeBf16& operator=(const NativeBf16&) = delete;
 };
 
 // The autograd node that produced the weight operand of `y` (an mm/addmm output): identical nodes

@@ -111,11 +111,18 @@ class Amp {
   /// apex: `with amp.scale_loss(loss, optimizers, loss_id) as scaled_loss: scaled_loss.backward()`.
   ScaledLoss scale_loss(const torch::Tensor& loss, ScaleLossOptions options = {});
   ScaledLoss scale_loss(const torch::Tensor& loss, int64_t loss_id);
+  /// apex: `amp.scale_loss(loss, optimizer, loss_id=i)`: the loss's gradients belong to `optimizer`'s
+  /// parameters, and an overflow in them skips that optimizer's next step alone.
+  ScaledLoss scale_loss(const torch::Tensor& loss, torch::optim::Optimizer& optimizer, int64_t loss_id = 0);
 
   /// Steps every optimizer (apex's patched optimizer.step()). An optimizer whose gradients overflowed
   /// in a backward since the last step is skipped instead (its gradients are dropped, the scale was
   /// already lowered). Under O2 the FP32 masters are stepped and copied back into the model.
   /// Returns true if every optimizer stepped.
+  ///
+  /// With several optimizers (several models, as a GAN's), each must have gradients from a backward since
+  /// its last step: stepping one that has none is an error naming step(optimizer), since it would change its
+  /// model's weights between that model's forward and backward.
   ///
   /// A fused optimizer (ampp::FusedSGD, FusedAdamW) decides the skip itself, on the device: nothing is
   /// read on the host, so a GPU step stays asynchronous and a CUDA graph can capture it. It then counts
@@ -123,6 +130,10 @@ class Amp {
   /// the skipped step's gradients stay until zero_grad() (a backward that accumulates onto them drops
   /// them first, as apex does at once).
   bool step();
+  /// Steps `optimizer` alone (one this handle manages), as step() would, and under O2 copies only its
+  /// masters into its model: apex's patched optimizer.step() for several models. A GAN steps the
+  /// discriminator's optimizer after its backward, then the generator's after the generator's backward.
+  bool step(torch::optim::Optimizer& optimizer);
   /// Non-zero where the last step() skipped for inf/NaN gradients: float32, 0-dim, where the loss scale
   /// is, for a device-side count (no host read). Undefined before the first step() and when no loss
   /// scaler checks the gradients (checks_overflow() false).

@@ -2,8 +2,8 @@
 // The numerics doctor for fp8: how each Float8Linear's casts use their float8 format. Per layer and tensor
 // (its input, its weight, the gradient of its output): the largest |value| x scale against the format's
 // largest value, the values saturated (so far beyond the range that they would round past its largest
-// value: clamped to it) and those flushed (nonzero, cast to zero). A dynamic recipe scales each tensor to its own amax, so it cannot saturate and can only flush;
-// the delayed recipe saturates when a tensor outgrows its history.
+// value: clamped to it) and those flushed (nonzero, cast to zero). A dynamic recipe scales each tensor to its own amax,
+// so it cannot saturate and can only flush; the delayed recipe saturates when a tensor outgrows its history.
 //
 //   ampp::Float8RangeRecorder recorder;      // from now on, every fp8 cast of a training pass is measured
 //   for (...) { recorder.set_step(step); train_step(); }
@@ -25,7 +25,7 @@ struct Float8TensorRange {
   std::string tensor;  // "input", "weight" or "gradient"
   c10::ScalarType format = c10::ScalarType::Undefined;  // Float8_e4m3fn or Float8_e5m2
   int64_t casts = 0, values = 0, saturated = 0, flushed = 0;
-  double max_range_used = 0;  // the largest |value| x scale / the format's largest value (> 1: saturated)
+  double max_range_used = 0;          // the largest |value| x scale / the format's largest value (> 1: saturated)
   int64_t first_saturated_step = -1;  // -1: never
 };
 

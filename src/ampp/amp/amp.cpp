@@ -6,6 +6,8 @@
 
 #include <fmt/core.h>
 
+#include <unordered_set>
+
 namespace ampp {
 namespace {
 
@@ -56,52 +58,97 @@ void step_skipping_on_device(AmpState& st, OptimizerRecord& rec, GradScaleAwareO
   rec.skipped_on_device = rec.skip_flag;
 }
 
+// Emulated pure fp16 (O3): the cast parameters hold only fp16 values, so every update of `rec`'s is rounded
+// back (those kept FP32, e.g. BatchNorm's with keep_batchnorm_fp32, are not).
+void round_cast_params_to_fp16(const AmpState& st, const OptimizerRecord& rec) {
+  torch::NoGradGuard no_grad;
+  std::unordered_set<const c10::TensorImpl*> stepped;
+  for (const auto& slot : rec.slots) stepped.insert(slot.param.unsafeGetTensorImpl());
+  for (const auto& t : st.cast_params)
+    if (stepped.count(t.unsafeGetTensorImpl())) t.copy_(t.to(torch::kHalf));  // = round_to_fp16, one pass fewer
+}
+
+// One optimizer's step: skipped where its gradients overflowed (on the host, or on the device by a fused
+// optimizer), the masters copied into the model under O2. Adds its skip flag to `skipped`; false if skipped
+// on the host.
+bool step_record(AmpState& st, OptimizerRecord& rec, torch::Tensor& skipped) {
+  detail::fill_pending_zero_grads(rec);  // zero_grad() then step() without a backward: LibTorch would step zeros
+  TORCH_CHECK(!rec.has_scaled_grads,
+              "Amp::step(): the gradients are still scaled because the last backward used "
+              "delay_unscale(true). Run the last micro-batch's scale_loss(...).backward() without delay_unscale "
+              "before step().");
+  auto* fused = rec.skip_flag.defined() ? dynamic_cast<GradScaleAwareOptimizer*>(rec.optimizer) : nullptr;
+  if (rec.skip_flag.defined()) skipped = skipped.defined() ? skipped + rec.skip_flag : rec.skip_flag;
+  if (!fused && detail::skip_decided_on_host(rec)) {
+    skip_on_host(st, rec);
+    rec.skip_flag = torch::Tensor();
+    return false;
+  }
+  {
+    // apex runs optimizer.step() with its casts disabled; autocast must not touch the update.
+    ampp::autocast no_autocast(st.device_type, st.low_dtype, /*enabled=*/false);
+    if (fused)
+      step_skipping_on_device(st, rec, *fused);
+    else
+      rec.optimizer->step();
+  }
+  rec.skip_flag = torch::Tensor();
+  detail::Stopwatch timer(st.props.profile(), &st.profile.copy_seconds);
+  if (st.use_masters) {
+    // After a skip on the device the masters are unchanged, and copying them again changes nothing.
+    if (!rec.sharded) detail::copy_masters_to_model(st, rec);  // a sharded one did it inside its step
+    for (auto& slot : rec.slots) {
+      if (slot.model.defined()) slot.param.mutable_grad() = torch::Tensor();  // as apex: masters' grads dropped
+    }
+  }
+  if (st.emulate_fp16 && st.model_cast_low && !st.use_masters) round_cast_params_to_fp16(st, rec);
+  return true;
+}
+
+bool has_gradients(const OptimizerRecord& rec) {
+  for (const auto& slot : rec.slots)
+    if (slot.param.grad().defined() || (slot.model.defined() && slot.model.grad().defined())) return true;
+  return false;
+}
+
+// Amp::step() over several optimizers where one got no gradient since its last step and another did: a GAN
+// stepping both after the discriminator's backward, which would change the generator's weights between its
+// forward and its backward (LibTorch's "modified by an inplace operation"). The fix: step(optimizer).
+void check_every_optimizer_has_gradients(const AmpState& st) {
+  if (st.optimizers.size() < 2) return;
+  std::vector<size_t> without;
+  for (size_t i = 0; i < st.optimizers.size(); ++i)
+    if (!has_gradients(st.optimizers[i]) && !st.optimizers[i].has_scaled_grads) without.push_back(i + 1);
+  if (without.empty() || without.size() == st.optimizers.size()) return;
+  TORCH_CHECK(false, "Amp::step() steps all ", st.optimizers.size(), " optimizers of this handle, and optimizer ",
+              c10::Join(", ", without),
+              " (in initialize()'s order) got no gradients since its last step while the "
+              "others did. With several models (a GAN), step each optimizer when its own backward is done: "
+              "amp.step(optimizer), as apex steps each optimizer.step(); stepping it now would change its model's "
+              "weights between that model's forward and backward");
+}
+
 }  // namespace
 
 bool Amp::step() {
   AmpState& st = *state_;
+  check_every_optimizer_has_gradients(st);
   bool all_stepped = true;
   torch::Tensor skipped;  // the records' flags, summed where they are
-  for (auto& rec : st.optimizers) {
-    detail::fill_pending_zero_grads(rec);  // zero_grad() then step() without a backward: LibTorch would step zeros
-    TORCH_CHECK(!rec.has_scaled_grads,
-                "Amp::step(): the gradients are still scaled because the last backward used "
-                "delay_unscale(true). Run the last micro-batch's scale_loss(...).backward() without delay_unscale "
-                "before step().");
-    auto* fused = rec.skip_flag.defined() ? dynamic_cast<GradScaleAwareOptimizer*>(rec.optimizer) : nullptr;
-    if (rec.skip_flag.defined()) skipped = skipped.defined() ? skipped + rec.skip_flag : rec.skip_flag;
-    if (!fused && detail::skip_decided_on_host(rec)) {
-      skip_on_host(st, rec);
-      rec.skip_flag = torch::Tensor();
-      all_stepped = false;
-      continue;
-    }
-    {
-      // apex runs optimizer.step() with its casts disabled; autocast must not touch the update.
-      ampp::autocast no_autocast(st.device_type, st.low_dtype, /*enabled=*/false);
-      if (fused)
-        step_skipping_on_device(st, rec, *fused);
-      else
-        rec.optimizer->step();
-    }
-    rec.skip_flag = torch::Tensor();
-    detail::Stopwatch timer(st.props.profile(), &st.profile.copy_seconds);
-    if (st.use_masters) {
-      // After a skip on the device the masters are unchanged, and copying them again changes nothing.
-      if (!rec.sharded) detail::copy_masters_to_model(st, rec);  // a sharded one did it inside its step
-      for (auto& slot : rec.slots) {
-        if (slot.model.defined()) slot.param.mutable_grad() = torch::Tensor();  // as apex: masters' grads dropped
-      }
-    }
-  }
-  if (st.emulate_fp16 && st.model_cast_low && !st.use_masters) {
-    // Emulated pure fp16 (O3): parameters hold only fp16 values, so every update is rounded back.
-    torch::NoGradGuard no_grad;
-    for (auto& t : st.cast_params) t.copy_(t.to(torch::kHalf));  // = round_to_fp16, one pass fewer
-  }
+  for (auto& rec : st.optimizers) all_stepped = step_record(st, rec, skipped) && all_stepped;
   if (st.scales_loss) st.last_step_skipped = skipped;
   ++st.profile.steps;
   return all_stepped;
+}
+
+bool Amp::step(torch::optim::Optimizer& optimizer) {
+  AmpState& st = *state_;
+  auto* rec = st.records_for({&optimizer}).at(0);
+  torch::Tensor skipped;
+  const bool stepped = step_record(st, *rec, skipped);
+  if (st.scales_loss) st.last_step_skipped = skipped;
+  ++st.profile.steps;
+  return stepped;
 }
 
 void Amp::zero_grad() {

@@ -144,8 +144,8 @@ std::vector<detail::OptimizerRecord*> detail::AmpState::records_for(
     auto it = std::find_if(optimizers.begin(), optimizers.end(),
                            [&](const OptimizerRecord& r) { return r.optimizer == opt; });
     TORCH_CHECK(it != optimizers.end(),
-                "scale_loss: one of the given optimizers was not passed to ampp::initialize(); "
-                "list only optimizers of this handle (or none, meaning all).");
+                "ampp: an optimizer given to scale_loss() or step() was not passed to ampp::initialize() for "
+                "this handle; give only its optimizers (or, to scale_loss, none: all of them)");
     out.push_back(&*it);
   }
   return out;

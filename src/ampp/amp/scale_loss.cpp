@@ -97,6 +97,10 @@ ScaledLoss Amp::scale_loss(const torch::Tensor& loss, int64_t loss_id) {
   return scale_loss(loss, ScaleLossOptions().loss_id(loss_id));
 }
 
+ScaledLoss Amp::scale_loss(const torch::Tensor& loss, torch::optim::Optimizer& optimizer, int64_t loss_id) {
+  return scale_loss(loss, ScaleLossOptions().loss_id(loss_id).optimizers({&optimizer}));
+}
+
 ScaledLoss Amp::scale_loss(const torch::Tensor& loss, ScaleLossOptions options) {
   AmpState& st = *state_;
   TORCH_CHECK(loss.defined() && loss.numel() == 1, "scale_loss expects a scalar loss (one element)",

@@ -50,8 +50,7 @@ torch::Tensor scales_from_history(const torch::Tensor& history, const torch::Ten
                                   const Float8LinearConfig& config) {
   const auto amax = config.amax_compute_algo() == Float8AmaxCompute::kMax ? history.amax(0) : history[0];
   // In float32, as TE: the largest value after scaling, then one division.
-  const float scaled_max =
-      static_cast<float>(float8_max(type)) * std::pow(2.0F, -static_cast<float>(config.margin()));
+  const float scaled_max = static_cast<float>(float8_max(type)) * std::pow(2.0F, -static_cast<float>(config.margin()));
   auto next = torch::full_like(amax, scaled_max) / amax;
   next = torch::where(torch::isfinite(amax) & (amax > 0), next, scale);
   return torch::where(torch::isinf(next), torch::full_like(next, std::numeric_limits<float>::max()), next);
@@ -121,7 +120,9 @@ struct DelayedFloat8Matmul : torch::autograd::Function<DelayedFloat8Matmul> {
                     Float8LinearConfig()
                         .amax_compute_algo(static_cast<Float8AmaxCompute>(ctx->saved_data["algo"].toInt()))
                         .margin(ctx->saved_data["margin"].toInt()),
-                    ctx->saved_data["record"].toBool(), ctx->saved_data["layer"].toStringRef(), true};
+                    ctx->saved_data["record"].toBool(),
+                    ctx->saved_data["layer"].toStringRef(),
+                    true};
     const auto g_scale = fold(pass.state, 2, 1, torch::kFloat8_e5m2, pass.config, pass.record)[0];
     const auto g8 = cast(g, g_scale, torch::kFloat8_e5m2);
     if (pass.record) record_amax(pass.state, 2, g);
@@ -152,8 +153,8 @@ torch::Tensor float8_delayed_linear(const torch::Tensor& x, const torch::Tensor&
   const auto [input, out_dtype] = detail::float8_product_input(x);
   const float8_delayed_impl::Pass pass{state, config, record, detail::current_float8_layer(),
                                        torch::GradMode::is_enabled()};
-  const auto product = float8_delayed_impl::DelayedFloat8Matmul::apply(
-      input.reshape({-1, weight.size(1)}), weight, pass, static_cast<int64_t>(out_dtype));
+  const auto product = float8_delayed_impl::DelayedFloat8Matmul::apply(input.reshape({-1, weight.size(1)}), weight,
+                                                                       pass, static_cast<int64_t>(out_dtype));
   return detail::float8_linear_output(product, x.sizes(), bias);
 }
 
@@ -164,8 +165,10 @@ torch::Tensor float8_delayed_next_scales(const Float8DelayedState&, const Float8
 }
 torch::Tensor float8_delayed_linear(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
                                     const Float8LinearConfig&, const Float8DelayedState&, bool) {
-  TORCH_CHECK(false, "ampp::float8_delayed_linear needs LibTorch 2.6 or newer (float8 types and ATen's "
-              "_scaled_mm); this build has ", TORCH_VERSION);
+  TORCH_CHECK(false,
+              "ampp::float8_delayed_linear needs LibTorch 2.6 or newer (float8 types and ATen's "
+              "_scaled_mm); this build has ",
+              TORCH_VERSION);
 }
 
 #endif

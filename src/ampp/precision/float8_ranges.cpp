@@ -93,9 +93,10 @@ void record_float8_cast(const std::string& layer, const char* tensor, const torc
   const auto scaled = t.to(torch::kFloat).abs() * scale;  // before the cast's clamp
   // One host read: the largest scaled value, the values the clamp saved from rounding past the largest
   // value, and the nonzero ones cast to 0.
-  const auto counts = torch::stack({scaled.max() / most, (scaled >= rounds_past(fp8.scalar_type())).sum().to(torch::kFloat),
-                                    ((t != 0) & (fp8.to(torch::kFloat) == 0)).sum().to(torch::kFloat)})
-                          .to(torch::kCPU, torch::kDouble);
+  const auto counts =
+      torch::stack({scaled.max() / most, (scaled >= rounds_past(fp8.scalar_type())).sum().to(torch::kFloat),
+                    ((t != 0) & (fp8.to(torch::kFloat) == 0)).sum().to(torch::kFloat)})
+          .to(torch::kCPU, torch::kDouble);
   const auto* c = counts.data_ptr<double>();
   const std::lock_guard<std::mutex> lock(state->mutex);
   auto& r = float8_ranges_impl::entry(*state, layer, tensor, fp8.scalar_type());

@@ -12,7 +12,9 @@ double fraction(int64_t part, int64_t whole) { return whole > 0 ? static_cast<do
 
 std::string format_name(c10::ScalarType t) { return t == c10::ScalarType::Float8_e5m2 ? "e5m2" : "e4m3"; }
 
-std::string who(const Float8TensorRange& r) { return fmt::format("{}'s {}", r.layer.empty() ? "?" : r.layer, r.tensor); }
+std::string who(const Float8TensorRange& r) {
+  return fmt::format("{}'s {}", r.layer.empty() ? "?" : r.layer, r.tensor);
+}
 
 }  // namespace
 
@@ -27,13 +29,14 @@ nlohmann::json doctor_fp8_json(const Float8RangeRecorder& recorder) {
                        {"saturated", fraction(r.saturated, r.values)},
                        {"flushed_to_zero", fraction(r.flushed, r.values)},
                        {"first_saturated_step", r.first_saturated_step >= 0 ? nlohmann::json(r.first_saturated_step)
-                                                                             : nlohmann::json(nullptr)}});
+                                                                            : nlohmann::json(nullptr)}});
   }
   const auto first = recorder.first_saturated();
-  return {{"tensors", tensors},
-          {"first_saturated",
-           first ? nlohmann::json{{"layer", first->layer}, {"tensor", first->tensor}, {"step", first->first_saturated_step}}
-                 : nlohmann::json(nullptr)}};
+  return {
+      {"tensors", tensors},
+      {"first_saturated",
+       first ? nlohmann::json{{"layer", first->layer}, {"tensor", first->tensor}, {"step", first->first_saturated_step}}
+             : nlohmann::json(nullptr)}};
 }
 
 std::vector<std::string> doctor_fp8_summary(const Float8RangeRecorder& recorder) {
@@ -41,10 +44,11 @@ std::vector<std::string> doctor_fp8_summary(const Float8RangeRecorder& recorder)
   if (ranges.empty()) return {"doctor: fp8: no fp8 cast in a training pass (no layer converted?)"};
   std::vector<std::string> lines;
   if (const auto first = recorder.first_saturated()) {
-    lines.push_back(fmt::format("doctor: fp8: {} went out of {}'s range first, at step {} ({:.3g}% of its values "
-                                "saturated over the run)",
-                                who(*first), format_name(first->format), first->first_saturated_step,
-                                100 * fraction(first->saturated, first->values)));
+    lines.push_back(
+        fmt::format("doctor: fp8: {} went out of {}'s range first, at step {} ({:.3g}% of its values "
+                    "saturated over the run)",
+                    who(*first), format_name(first->format), first->first_saturated_step,
+                    100 * fraction(first->saturated, first->values)));
   } else {
     lines.push_back("doctor: fp8: no value saturated");
   }
