@@ -28,7 +28,9 @@ struct Gan {
   std::unique_ptr<torch::optim::Adam> opt_g, opt_d;
 };
 
-Properties o2(int64_t num_losses) { return Properties("O2").dtype(torch::kBFloat16).num_losses(num_losses).verbosity(0); }
+Properties o2(int64_t num_losses) {
+  return Properties("O2").dtype(torch::kBFloat16).num_losses(num_losses).verbosity(0);
+}
 
 torch::Tensor bce(const torch::Tensor& logits, double target) {
   return torch::binary_cross_entropy_with_logits(logits, torch::full_like(logits, target));

@@ -1,4 +1,5 @@
 // DDP synchronisation rules: no_sync, unused parameters, GradScaler skips, hung peers, construction errors.
+#include "ampp_test.h"
 #include "dist/ddp_test_util.h"
 
 #include <cmath>
@@ -42,6 +43,19 @@ struct BranchyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 }  // namespace
+
+// Two forwards before one backward (a GAN's D(real), then D(fake)): the error leads with that cause, not
+// with unused parameters.
+TEST(DDP, TwoForwardsBeforeABackwardIsNamedAsSuch) {
+  on_ranks(2, [&](int, const ProcessGroup& pg) {
+    torch::manual_seed(3);
+    Branchy model;
+    DistributedDataParallel ddp(model, pg);
+    auto x = torch::ones({2, 4});
+    const auto first = ddp->forward(x);
+    AMPP_EXPECT_THROW_WITH(ddp->forward(x), "this forward follows another whose backward has not run");
+  });
+}
 
 TEST(DDP, UnusedParameterIsAnErrorUnlessDetectionIsOn) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {

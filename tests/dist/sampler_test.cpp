@@ -138,3 +138,24 @@ TEST(DistributedSampler, NoDefaultGroupNamesTheFix) {
     EXPECT_NE(std::string(e.what()).find("init_process_group"), std::string::npos);
   }
 }
+
+// A shuffling sampler asked for a second pass in the same epoch (set_epoch forgotten) warns once, naming the
+// fix; with set_epoch between passes, or without shuffling, nothing is said.
+TEST(DistributedSampler, ANewPassWithoutSetEpochWarnsOnce) {
+  auto warned = [](const std::function<void(DistributedSampler&)>& passes, bool shuffle) {
+    auto s = make(10, 2, 0, shuffle);
+    ::testing::internal::CaptureStderr();
+    passes(s);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  const auto forgotten = warned([](DistributedSampler& s) { s.indices(), s.indices(), s.indices(); }, true);
+  EXPECT_NE(forgotten.find("a new pass over the data in epoch 0 again, in the same order: call sampler.set_epoch"),
+            std::string::npos)
+      << forgotten;
+  EXPECT_EQ(forgotten.find("set_epoch"), forgotten.rfind("set_epoch")) << "once: " << forgotten;
+  const auto epochs_set =
+      warned([](DistributedSampler& s) { s.reset(), s.set_epoch(1), s.reset(), s.set_epoch(2), s.indices(); }, true);
+  EXPECT_EQ(epochs_set.find("DistributedSampler"), std::string::npos) << epochs_set;
+  const auto in_order = warned([](DistributedSampler& s) { s.indices(), s.indices(); }, false);
+  EXPECT_EQ(in_order.find("DistributedSampler"), std::string::npos) << in_order;
+}

@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <ampp/precision/autocast.h>
+
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -19,6 +22,28 @@ using ampp_test::error_of;
 using ampp_test::Tiny;
 using ampp_test::trajectory;
 using ::testing::HasSubstr;
+
+// A backward inside an autocast region (PyTorch's docs advise against it) warns once a run, naming the fix;
+// one after the region says nothing.
+TEST(Errors, ABackwardInsideAnAutocastRegionWarns) {
+  auto backward = [](bool inside) {
+    GradScaler scaler;
+    auto w = torch::randn({4, 4}, torch::requires_grad());
+    ::testing::internal::CaptureStderr();
+    {
+      std::optional<ampp::autocast> region;
+      region.emplace(torch::kCPU, torch::kBFloat16);
+      auto loss = torch::randn({2, 4}).mm(w).sum();
+      if (!inside) region.reset();
+      scaler.scale(loss).backward();
+    }
+    return ::testing::internal::GetCapturedStderr();
+  };
+  EXPECT_EQ(backward(false).find("autocast"), std::string::npos);
+  const auto inside = backward(true);
+  EXPECT_NE(inside.find("a backward runs inside an autocast region"), std::string::npos) << inside;
+  EXPECT_NE(inside.find("before backward() and the step"), std::string::npos) << inside;
+}
 
 TEST(Errors, UnscaleTwiceAndUnscaleAfterStep) {
   GradScaler scaler;

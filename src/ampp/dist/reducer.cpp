@@ -281,6 +281,15 @@ std::string Reducer::Impl::unreduced_report() const {
 
 void Reducer::Impl::ensure_prior_reduction_finished() {
   if (!require_finalize) return;
+  // No gradient at all since the last forward: its backward never ran, so the likeliest cause is two
+  // forwards before one backward (a GAN's D(real) and D(fake)), not unused parameters.
+  TORCH_CHECK(first_hook_seen,
+              "DistributedDataParallel: this forward follows another whose backward has not run (no gradient "
+              "has arrived since it). DDP reduces once per forward: run each forward's backward before the next "
+              "forward (a GAN's D(real) and D(fake): one forward on both batches concatenated, or a backward "
+              "after each), or run forwards that need no backward under torch::NoGradGuard. (PyTorch: \"Expected "
+              "to have finished reduction in the prior iteration before starting a new one\".)",
+              unreduced_report());
   if (options.find_unused_parameters()) {
     TORCH_CHECK(false,
                 "Expected to have finished reduction in the prior iteration before starting a new one. "

@@ -20,6 +20,7 @@ DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOp
               num_replicas_ - 1, "]");
   compute_num_samples();
   reset();
+  passes_->last_epoch.reset();  // the order made ready here is no pass yet: a loader's reset() is the first
 }
 
 DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& group,
@@ -37,6 +38,13 @@ void DistributedSampler::compute_num_samples() {
 void DistributedSampler::set_epoch(int64_t epoch) { *epoch_ = epoch; }
 
 std::vector<size_t> DistributedSampler::indices() const {
+  if (options_.shuffle() && passes_->last_epoch == *epoch_ && !passes_->warned) {
+    passes_->warned = true;
+    TORCH_WARN("ampp::dist::DistributedSampler: a new pass over the data in epoch ", *epoch_,
+               " again, in the same order: call sampler.set_epoch(epoch) before each epoch (PyTorch's rule), or every "
+               "epoch shuffles alike");
+  }
+  passes_->last_epoch = *epoch_;
   const size_t n = dataset_size_, total = total_size();
   std::vector<size_t> all;
   all.reserve(std::max(n, total));

@@ -5,6 +5,7 @@
 
 #include <ampp/scaling/grad_scaler.h>
 
+#include <ampp/precision/autocast.h>
 #include <ampp/scaling/fused_optimizers.h>
 
 #include <ampp/numerics/unscale.h>
@@ -24,6 +25,20 @@
 
 namespace ampp {
 namespace {
+
+// PyTorch's docs advise against backward passes under autocast: their ops would run in autocast's precision
+// (a GAN's losses differed by a third). A hook on the scaled loss sees the region the backward runs in (the
+// autograd engine carries the caller's autocast state to its threads).
+void warn_if_backward_under_autocast(torch::Tensor& scaled) {
+  const auto device = scaled.device().type();
+  scaled.register_hook([device](const torch::Tensor&) {
+    if (is_autocast_enabled(device))
+      TORCH_WARN_ONCE(
+          "ampp: a backward runs inside an autocast region (an ampp::autocast or amp.autocast() "
+          "still alive): its ops run in autocast's precision, which PyTorch's docs advise against. "
+          "Close the region after the forward and the loss, before backward() and the step");
+  });
+}
 
 void validate(const GradScalerOptions& o) {
   // PyTorch's two checks first (its messages), then ampp's (PyTorch accepts these silently and
@@ -130,7 +145,9 @@ torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
   // PyTorch 1.13's (1,)-shaped scale did by type promotion. Backward casts the gradient back.
   const bool low_precision = outputs.scalar_type() == torch::kHalf || outputs.scalar_type() == torch::kBFloat16;
   torch::Tensor scaled = (low_precision ? outputs.to(torch::kFloat) : outputs) * s;  // out of place, as PyTorch
-  return scaling::compat::scaled_output_shape(scaled);
+  scaled = scaling::compat::scaled_output_shape(scaled);
+  if (scaled.requires_grad()) warn_if_backward_under_autocast(scaled);
+  return scaled;
 }
 
 std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& outputs) {
