@@ -39,9 +39,11 @@ constexpr int64_t kNoise = 16;
 struct GeneratorImpl : torch::nn::Module {
   GeneratorImpl() {
     fc = register_module("fc", torch::nn::Linear(kNoise, 64 * 7 * 7));
-    up1 = register_module("up1", torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(64, 32, 4).stride(2).padding(1)));
+    up1 = register_module(
+        "up1", torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(64, 32, 4).stride(2).padding(1)));
     bn = register_module("bn", torch::nn::BatchNorm2d(32));
-    up2 = register_module("up2", torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(32, 1, 4).stride(2).padding(1)));
+    up2 = register_module("up2",
+                          torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(32, 1, 4).stride(2).padding(1)));
   }
   torch::Tensor forward(const torch::Tensor& z) {
     auto x = torch::relu(fc(z)).view({-1, 64, 7, 7});

@@ -1,6 +1,7 @@
 // Error conditions (PyTorch's conditions and messages, plus ampp's option checks) and state_dict /
 // archive round trips that resume the identical trajectory.
 
+#include "ampp_test.h"
 #include "scaler_test_util.h"
 
 #include <gmock/gmock.h>
@@ -43,6 +44,22 @@ TEST(Errors, ABackwardInsideAnAutocastRegionWarns) {
   const auto inside = backward(true);
   EXPECT_NE(inside.find("a backward runs inside an autocast region"), std::string::npos) << inside;
   EXPECT_NE(inside.find("before backward() and the step"), std::string::npos) << inside;
+}
+
+// A GAN's iteration that steps the generator through the scaler after a backward of its unscaled loss: no
+// loss was scaled since the last update(), an error naming the fix (PyTorch checks only that scale() ever ran).
+TEST(Errors, AStepWithNoLossScaledSinceTheLastUpdateIsAnError) {
+  GradScaler scaler;
+  auto w = torch::randn({4, 4}, torch::requires_grad());
+  torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.1));
+  scaler.scale(torch::randn({2, 4}).mm(w).sum()).backward();
+  scaler.step(opt);
+  scaler.update();
+  opt.zero_grad();
+  torch::randn({2, 4}).mm(w).sum().backward();  // not scaled
+  AMPP_EXPECT_THROW_WITH(scaler.step(opt), "no loss was scaled since the last update()");
+  scaler.scale(torch::randn({2, 4}).mm(w).sum()).backward();
+  EXPECT_NO_THROW(scaler.step(opt));
 }
 
 TEST(Errors, UnscaleTwiceAndUnscaleAfterStep) {

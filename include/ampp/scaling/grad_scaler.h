@@ -241,7 +241,8 @@ class GradScaler {
   mutable int64_t min_scale_overflows_ = 0;  // consecutive overflowing updates that found the scale at the floor
   mutable int64_t consecutive_overflows_ = 0;
   std::vector<torch::Tensor> overflowed_params_;
-  bool iteration_closed_ = true;  // update() ran since the last unscale_
+  bool iteration_closed_ = true;      // update() ran since the last unscale_
+  bool scaled_since_update_ = false;  // scale() ran since the last update(): step()'s gradients can be scaled
 };
 
 /// Module paths ("layer2.conv1.weight") of scaler.overflowed_params() that belong to `module`, in the

@@ -110,6 +110,7 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   consecutive_overflows_ = other.consecutive_overflows_;
   overflowed_params_ = other.overflowed_params_;  // the same parameters (not copies of them)
   iteration_closed_ = other.iteration_closed_;
+  scaled_since_update_ = other.scaled_since_update_;
   return *this;
 }
 
@@ -147,6 +148,7 @@ torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
   torch::Tensor scaled = (low_precision ? outputs.to(torch::kFloat) : outputs) * s;  // out of place, as PyTorch
   scaled = scaling::compat::scaled_output_shape(scaled);
   if (scaled.requires_grad()) warn_if_backward_under_autocast(scaled);
+  scaled_since_update_ = true;
   return scaled;
 }
 
@@ -241,6 +243,12 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimize
               "Closure use is not currently supported if GradScaler is enabled. "
               "Compute the loss and call backward() on scaler.scale(loss) before step(optimizer).");
   check_scale_growth_tracker("step");
+  // PyTorch checks only that scale() ever ran; a step whose iteration scaled no loss takes the gradients of
+  // an unscaled backward (a GAN's g_loss.backward() instead of scaler.scale(g_loss).backward()).
+  TORCH_CHECK(scaled_since_update_,
+              "GradScaler::step: no loss was scaled since the last update(), so this optimizer's gradients come "
+              "from an unscaled backward. Call scaler.scale(loss).backward() for every loss whose gradients a step "
+              "through the scaler takes, and update() once per iteration, after the steps");
   TORCH_CHECK(state_of(optimizer).stage != OptState::kStepped,
               "step() has already been called since the last update(). "
               "Call update() once per iteration, after step() of every optimizer.");
@@ -275,6 +283,7 @@ void GradScaler::update(double new_scale) {
   scale_.fill_(new_scale);
   scale_at_least_ = new_scale;
   per_optimizer_states_.clear();
+  scaled_since_update_ = false;
 }
 
 void GradScaler::update() {
@@ -293,6 +302,7 @@ void GradScaler::update() {
   // Reset now: whatever happens below (including the min-scale error), the next iteration starts clean.
   per_optimizer_states_.clear();
   iteration_closed_ = true;  // overflowed_params() stays readable until the next unscale_
+  scaled_since_update_ = false;
   // Read only below (the rules change no flag): one optimizer's flag is used as it is.
   torch::Tensor found_inf_combined = found_infs[0];
   for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined = found_inf_combined + found_infs[i];
