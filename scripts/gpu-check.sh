@@ -5,8 +5,9 @@
 #                                   lack, from Debian's packages: Gloo's headers (the torch wheels ship
 #                                   none), GoogleTest, CLI11, fmt's and nlohmann-json's CMake packages, zlib,
 #                                   protobuf (protoc and the lite runtime) and the boost headers that
-#                                   boost/crc.hpp needs. About 15 MB; it travels with the working tree
-#                                   (the device tool: carry ["gpu-kit"]).
+#                                   boost/crc.hpp needs; and torchao (gpu-kit/python, 26 MB), the Python
+#                                   side of the benchmark's fp8 cases. About 41 MB; it travels with the
+#                                   working tree (the device tool: carry ["gpu-kit"]).
 #   scripts/gpu-check.sh run OUT    there: builds ampp's library (with the train layer and the CLI, which
 #                                   the suite's `ampp train` tests drive) and the GPU suite against the torch
 #                                   of that machine's python3 (or AMPP_PYTHON), runs the suite (each test against
@@ -51,6 +52,11 @@ LD_LIBRARY_PATH="$here/../lib/x86_64-linux-gnu" exec "$here/protoc" "$@"
 SH
   chmod +x "$kit/usr/bin/protoc-kit"
   "$kit/usr/bin/protoc-kit" --version > /dev/null
+  # torchao's Float8Linear for the benchmark's fp8 cases (the GPU machine has no network): the wheel unpacked,
+  # without its dependency (torch, which that machine has). The bench puts it on PYTHONPATH.
+  local python=${AMPP_PYTHON:-$root/.venv/bin/python}
+  "$python" -m pip download -q --disable-pip-version-check --no-deps -d "$kit/wheels" torchao==0.18.0
+  "$python" -m zipfile -e "$kit"/wheels/torchao-*.whl "$kit/python" && rm -rf "$kit/wheels"
   echo "gpu-check: $kit: $(du -sh "$kit" | cut -f1) ($(find "$kit" -type f | wc -l) files)"
 }
 
@@ -181,6 +187,8 @@ bench() {
   left=$(( $(seconds_left) - ${AMPP_GPU_BENCH_RESERVE_S:-0} - 45 ))
   if [ "$left" -lt "$budget" ]; then budget=$(( left > 30 ? left : 30 )); fi
   echo "gpu-check bench: a budget of $budget s" | tee -a "$out/gpu_bench.log"
+  # torchao from the kit (prepare), for the fp8 cases' Python side; without it they say "skipped".
+  [ -d "$kit/python/torchao" ] && export PYTHONPATH=$kit/python${PYTHONPATH:+:$PYTHONPATH}
   "$python" "$root/bench/gpu/compare.py" --ampp "$build/bench/gpu/ampp_gpu_bench" --python "$python" \
     --budget-s "$budget" --results "$build/gpu_bench_results.json" --out "$out/gpu_bench.md" \
     >> "$out/gpu_bench.log" 2>&1 || code=$?
