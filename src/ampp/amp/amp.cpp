@@ -105,12 +105,6 @@ bool step_record(AmpState& st, OptimizerRecord& rec, torch::Tensor& skipped) {
   return true;
 }
 
-bool has_gradients(const OptimizerRecord& rec) {
-  for (const auto& slot : rec.slots)
-    if (slot.param.grad().defined() || (slot.model.defined() && slot.model.grad().defined())) return true;
-  return false;
-}
-
 // Amp::step() over several optimizers where one got no gradient since its last step and another did: a GAN
 // stepping both after the discriminator's backward, which would change the generator's weights between its
 // forward and its backward (LibTorch's "modified by an inplace operation"). The fix: step(optimizer).
@@ -118,7 +112,7 @@ void check_every_optimizer_has_gradients(const AmpState& st) {
   if (st.optimizers.size() < 2) return;
   std::vector<size_t> without;
   for (size_t i = 0; i < st.optimizers.size(); ++i)
-    if (!has_gradients(st.optimizers[i]) && !st.optimizers[i].has_scaled_grads) without.push_back(i + 1);
+    if (!detail::has_gradients(st.optimizers[i]) && !st.optimizers[i].has_scaled_grads) without.push_back(i + 1);
   if (without.empty() || without.size() == st.optimizers.size()) return;
   TORCH_CHECK(false, "Amp::step() steps all ", st.optimizers.size(), " optimizers of this handle, and optimizer ",
               c10::Join(", ", without),

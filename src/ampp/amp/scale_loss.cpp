@@ -67,16 +67,15 @@ void add_stash_back(OptimizerRecord& rec) {
   }
 }
 
-bool has_any_grad(const OptimizerRecord& rec) {
-  for (const auto& slot : rec.slots) {
-    if (slot.param.grad().defined()) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 namespace detail {
+bool has_gradients(const OptimizerRecord& rec) {
+  for (const auto& slot : rec.slots)
+    if (slot.param.grad().defined() || (slot.model.defined() && slot.model.grad().defined())) return true;
+  return false;
+}
+
 void fill_pending_zero_grads(OptimizerRecord& rec) {
   if (!rec.zero_grads_pending) return;
   torch::NoGradGuard no_grad;
@@ -149,7 +148,7 @@ void ScaledLoss::backward(bool retain_graph) {
       detail::Stopwatch timer(prof, &st.profile.copy_seconds);
       move_model_grads_to_masters(*rec);
     }
-    if (has_any_grad(*rec)) {
+    if (detail::has_gradients(*rec)) {
       detail::Stopwatch timer(prof, &st.profile.scaler_seconds);
       scaler.unscale_(*rec->optimizer);  // fused unscale + inf/NaN check over the new grads only
       any_checked = true;

@@ -74,6 +74,9 @@ void copy_masters_to_model(const AmpState& st, const OptimizerRecord& rec);
 /// Gives every param of `rec` without a grad the zeros that zero_grad() deferred (see zero_grads_pending).
 void fill_pending_zero_grads(OptimizerRecord& rec);
 
+/// Whether any parameter of `rec` holds a gradient: its own (the master's under O2) or its model's.
+bool has_gradients(const OptimizerRecord& rec);
+
 /// Whether `rec`'s pending step is to be skipped: a host read of its flag (false when none is set).
 bool skip_decided_on_host(const OptimizerRecord& rec);
 
