@@ -29,6 +29,11 @@ function(ampp_add_layer layer)
   # copies of std::filesystem (remove_all there jumped to address 0 when called from ampp).
   target_link_options(${target} INTERFACE
     "$<$<PLATFORM_ID:Linux>:SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state>")
+  if(AMPP_SANITIZE)
+    # Instrumented objects need the sanitizers' runtime: a program linking an installed sanitized ampp
+    # gets it from ampp::ampp, as the programs of this build get it from add_link_options.
+    target_link_options(${target} INTERFACE -fsanitize=${AMPP_SANITIZE})
+  endif()
   ampp_use_pch(${target})
   # Unity batches of 4 sources: one load of the 0.7 GB PCH (~5.5 s) and one compile of the inline LibTorch
   # code the sources share per batch instead of per source (the wheel's libraries, cold, with -g1 below:
@@ -57,7 +62,26 @@ function(ampp_add_test_suite name)
   # 13.9 s at -O1 -g1) and keeps file:line in failures. Unity batches as for the layers.
   target_compile_options(${name} PRIVATE -O1 -g1)
   set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 4)
+  if(AMPP_TEST_SHARDS GREATER 0 AND NOT "gpu" IN_LIST ARG_LABELS)
+    ampp_add_test_shards(${name} "${ARG_LABELS}")
+    return()
+  endif()
   # A GTEST_SKIP (no GPU, no Python oracle) shows as skipped in ctest's summary, not as passed.
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS "${ARG_LABELS}" SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]" ${ARG_PROPERTIES})
+endfunction()
+
+# AMPP_TEST_SHARDS=N: the suite as N ctest tests, each one GoogleTest shard (GTEST_SHARD_INDEX) running its
+# share of the tests in one process, instead of one process per test. A process that loads LibTorch starts in
+# 0.4 s, but in 1.9 s with the CUDA wheel under the sanitizers (its static initialisers through ASan's malloc,
+# and the leak check of 1 GB at exit), which is most of what a unit test costs there (CI's sanitizer pass).
+# GTEST_FILTER in the environment selects tests. The GPU suite stays one test per process: CI checks that
+# each of its tests skips.
+function(ampp_add_test_shards name labels)
+  math(EXPR last "${AMPP_TEST_SHARDS} - 1")
+  foreach(i RANGE ${last})
+    add_test(NAME ${name}.shard${i}of${AMPP_TEST_SHARDS} COMMAND ${name} --gtest_brief=1)
+    set_tests_properties(${name}.shard${i}of${AMPP_TEST_SHARDS} PROPERTIES LABELS "${labels}" TIMEOUT 1800
+      ENVIRONMENT "GTEST_TOTAL_SHARDS=${AMPP_TEST_SHARDS};GTEST_SHARD_INDEX=${i}")
+  endforeach()
 endfunction()
