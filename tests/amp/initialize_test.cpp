@@ -195,6 +195,37 @@ TEST(InitializeErrors, ScaleLossArguments) {
                          "was not passed to ampp::initialize");
 }
 
+// Under O2/O3 a model called directly instead of through amp.forward: with fp16 emulated on the CPU it would
+// train in float32 without a word (bf16 refuses the float32 input). The same error at scale_loss for both;
+// O1 (no cast) and a forward through amp.forward pass, and an evaluation forward does not count as training.
+TEST(InitializeErrors, AnO2ModelTrainedAroundAmpForwardIsNamedInFp16AsInBf16) {
+  for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    torch::manual_seed(0);
+    torch::nn::Linear net(4, 3);
+    torch::optim::SGD opt(net->parameters(), 0.1);
+    auto amp = ampp::initialize(net, opt, quiet(OptLevel::O2).dtype(dtype));
+    const auto x = torch::randn({2, 4});
+    {
+      torch::NoGradGuard no_grad;
+      amp.forward(net, x);
+    }
+    if (dtype == torch::kHalf) {
+      const auto direct = net->forward(x).sum();  // float32 all through: nothing refuses it
+      EXPECT_EQ(direct.scalar_type(), torch::kFloat);
+      AMPP_EXPECT_THROW_WITH(amp.scale_loss(direct), "no forward has gone through amp.forward()");
+    }
+    AMPP_EXPECT_THROW_WITH(amp.scale_loss(torch::ones({}, torch::requires_grad())),
+                           "Call the model as amp.forward(model, input)");
+    amp.scale_loss(amp.forward(net, x).sum()).backward();
+    amp.step();
+  }
+  torch::nn::Linear net(4, 3);
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  auto amp = ampp::initialize(net, opt, quiet(OptLevel::O1).dtype(torch::kHalf));
+  amp.scale_loss(net->forward(torch::randn({2, 4})).sum()).backward();
+}
+
 namespace {
 
 // As pytorch/examples' cpp/mnist declares its network: a plain module, not through TORCH_MODULE.

@@ -57,6 +57,47 @@ TEST(DDP, TwoForwardsBeforeABackwardIsNamedAsSuch) {
   });
 }
 
+// Calling the wrapped module instead of DDP: PyTorch steps the unreduced gradients and the ranks drift apart.
+TEST(DDP, AGradientFromAForwardAroundDdpIsRefusedNamingTheFix) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    auto model = make_model(rank + 1);
+    DistributedDataParallel ddp(model, pg);
+    auto d = rank_batch(0, rank);
+    AMPP_EXPECT_THROW_WITH(torch::mse_loss(model->forward(d.x), d.y).backward(),
+                           "the forward that produced it called the wrapped module directly");
+    // After a reduced iteration too, and for a second backward over a forward DDP already reduced.
+    model->zero_grad();
+    const auto loss = torch::mse_loss(ddp->forward(d.x), d.y);
+    loss.backward(/*gradient=*/{}, /*retain_graph=*/true);
+    EXPECT_TRUE(same_on_all_ranks(pg, flat_grads(model->parameters())));
+    AMPP_EXPECT_THROW_WITH(loss.backward(), "Call the DDP wrapper for every forward whose backward trains");
+  });
+}
+
+// What stays allowed: local accumulation asked for with no_sync() (also for a forward around DDP, as the
+// trainer's doctor replays a batch), and a no-grad forward between a forward and its backward, which
+// leaves that backward's reduction armed as in PyTorch.
+TEST(DDP, NoSyncAndANoGradForwardKeepGradientsWhereTheyBelong) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    auto model = make_model(rank + 1);
+    DistributedDataParallel ddp(model, pg);
+    auto d = rank_batch(0, rank);
+    {
+      auto local = ddp.no_sync();
+      torch::mse_loss(model->forward(d.x), d.y).backward();
+    }
+    EXPECT_FALSE(same_on_all_ranks(pg, flat_grads(model->parameters())));
+    model->zero_grad();
+    const auto loss = torch::mse_loss(ddp->forward(d.x), d.y);
+    {
+      torch::NoGradGuard no_grad;
+      ddp->forward(d.x);
+    }
+    loss.backward();
+    EXPECT_TRUE(same_on_all_ranks(pg, flat_grads(model->parameters())));
+  });
+}
+
 TEST(DDP, UnusedParameterIsAnErrorUnlessDetectionIsOn) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     torch::manual_seed(3);

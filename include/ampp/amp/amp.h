@@ -157,7 +157,7 @@ class Amp {
   /// weights ("Input type (float) and bias type (c10::BFloat16) should be the same").
   template <typename Model, typename... Args>
   auto forward(Model& model, Args&&... args) {
-    auto region = autocast();
+    auto region = forward_region();
     return cast_outputs(detail::forward_target(model)->forward(cast_arg(std::forward<Args>(args))...));
   }
 
@@ -215,6 +215,8 @@ class Amp {
   AmpProfile profile() const;
 
  private:
+  // autocast(), and a note that a grad-enabled forward went through forward() (scale_loss checks it).
+  ampp::autocast forward_region() const;
   template <typename T>
   decltype(auto) cast_arg(T&& arg) const {
     if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) {

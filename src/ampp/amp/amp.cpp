@@ -175,6 +175,11 @@ ampp::autocast Amp::autocast() const {
                         ampp::is_autocast_enabled(st.device_type));
 }
 
+ampp::autocast Amp::forward_region() const {
+  if (torch::GradMode::is_enabled()) state_->trained_through_forward = true;
+  return autocast();
+}
+
 torch::Tensor Amp::cast_input(const torch::Tensor& input) const {
   const AmpState& st = *state_;
   if (!st.enabled() || !st.model_cast_low || !is_floating(input)) return input;

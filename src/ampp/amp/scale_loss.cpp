@@ -109,6 +109,16 @@ ScaledLoss Amp::scale_loss(const torch::Tensor& loss, ScaleLossOptions options) 
               options.loss_id(), " is out of range: initialize() created ", st.props.num_losses(),
               " loss scaler(s). Pass Properties().num_losses(n) to initialize() for n losses.");
   st.records_for(options.optimizers());  // validates the subset early
+  // Under O2/O3 a model called directly runs on inputs amp.forward would have cast: in bf16 (and native
+  // fp16) LibTorch refuses the float32 input, but with fp16 emulated on the CPU the whole forward runs in
+  // float32, silently. One rule for every dtype: a cast model trains through amp.forward.
+  TORCH_CHECK(!st.enabled() || !st.model_cast_low || st.trained_through_forward,
+              "scale_loss: no forward has gone through amp.forward() since initialize() cast the model to ",
+              st.emulate_fp16 ? "fp16 (emulated on the CPU)" : c10::toString(*st.cast_type), " (",
+              to_string(st.props.opt_level()),
+              "). Call the model as amp.forward(model, input) (or amp.forward(ddp, input)): it casts the inputs "
+              "and runs the forward in the opt level's precision; a model called directly computes in float32 "
+              "under fp16 emulation, or refuses the float32 input.");
   if (!st.scales_loss) return ScaledLoss(state_, loss.to(torch::kFloat), torch::Tensor(), std::move(options));
   detail::Stopwatch timer(st.props.profile(), &st.profile.scaler_seconds);
   GradScaler& scaler = *st.scalers[options.loss_id()];

@@ -52,7 +52,8 @@ struct AmpState {
   bool model_cast_low = false;                 ///< cast_type is a low-precision type
   bool emulate_fp16 = false;                   ///< fp16 on CPU: float32 carriers with fp16 values
   bool use_masters = false;
-  bool scales_loss = false;  ///< false: static 1.0 and no masters -> plain backward
+  bool scales_loss = false;              ///< false: static 1.0 and no masters -> plain backward
+  bool trained_through_forward = false;  ///< a grad-enabled Amp::forward ran (scale_loss's O2/O3 check)
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   std::vector<torch::Tensor> cast_params;  ///< model parameters that were cast (or fp16-rounded)
   std::vector<OptimizerRecord> optimizers;

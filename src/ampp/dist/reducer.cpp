@@ -125,6 +125,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   bool require_forward_param_sync = true;
   // Per iteration.
   bool expect_hooks = false;
+  // A grad-enabled forward ran through DDP under no_sync(): its backward accumulates locally.
+  bool local_backward_armed = false;
   bool require_finalize = false;
   bool first_hook_seen = false;
   size_t next_bucket = 0;
@@ -166,6 +168,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Reducer::Impl> {
   void ensure_prior_reduction_finished();
   void prepare_for_backward(const std::vector<torch::Tensor>& outputs);
   void autograd_hook(size_t i);
+  void refuse_unexpected_gradient(size_t i) const;
   void mark_variable_ready(size_t i);
   void mark_bucket_ready();
   void launch(size_t b);
@@ -310,6 +313,7 @@ void Reducer::Impl::ensure_prior_reduction_finished() {
 
 void Reducer::Impl::prepare_for_backward(const std::vector<torch::Tensor>& outputs) {
   expect_hooks = true;
+  local_backward_armed = false;
   require_finalize = true;
   first_hook_seen = false;
   next_bucket = 0;
@@ -360,7 +364,10 @@ void Reducer::Impl::prepare_for_backward(const std::vector<torch::Tensor>& outpu
 }
 
 void Reducer::Impl::autograd_hook(size_t i) {
-  if (!expect_hooks) return;  // no_sync() or no grad-enabled forward: plain local accumulation
+  if (!expect_hooks) {  // no_sync(): plain local accumulation
+    if (!local_backward_armed && require_backward_grad_sync) refuse_unexpected_gradient(i);
+    return;
+  }
   const auto now = Clock::now();
   {
     std::lock_guard<std::mutex> lock(timeline_mu);
@@ -374,6 +381,16 @@ void Reducer::Impl::autograd_hook(size_t i) {
     for (size_t u : unused) mark_variable_ready(u);  // contribute zeros for locally unused params
   }
   mark_variable_ready(i);
+}
+
+// A gradient that no DDP forward announced would be stepped unreduced, and the ranks' weights drift apart
+// in silence (PyTorch's DDP ignores it). Under no_sync() local accumulation is what was asked for.
+void Reducer::Impl::refuse_unexpected_gradient(size_t i) const {
+  TORCH_CHECK(false, "DistributedDataParallel: parameter ", names[i],
+              " got a gradient that DDP will not reduce: the forward that produced it called the wrapped module "
+              "directly instead of the DDP wrapper (or a second backward ran over a forward DDP already reduced). "
+              "Call the DDP wrapper for every forward whose backward trains; to accumulate gradients locally on "
+              "purpose, run that forward and its backward under ddp.no_sync().");
 }
 
 void Reducer::Impl::mark_variable_ready(size_t i) {
@@ -592,10 +609,14 @@ void Reducer::post_forward(const std::vector<torch::Tensor>& outputs) {
     s.require_forward_param_sync = true;
     s.prepare_for_backward(outputs);
   } else {
-    // no_sync() or no-grad forward: backward (if any) accumulates locally; buffers are not
-    // re-broadcast before the next forward (as PyTorch).
+    // no_sync() or no-grad forward: buffers are not re-broadcast before the next forward (as PyTorch).
     s.require_forward_param_sync = false;
-    s.expect_hooks = false;
+    // Under no_sync() the backward accumulates locally. A no-grad forward has no backward, and leaves a
+    // pending one (of an earlier forward) armed, as PyTorch.
+    if (torch::GradMode::is_enabled()) {
+      s.expect_hooks = false;
+      s.local_backward_armed = true;
+    }
   }
 }
 

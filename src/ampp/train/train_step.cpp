@@ -1,5 +1,7 @@
 #include "train_step.h"
 
+#include "set_lr.h"
+
 namespace ampp::train::detail {
 
 namespace {
@@ -47,14 +49,17 @@ torch::Tensor maybe_inject_inf(const Run& run, const torch::Tensor& loss) {
 
 // The doctor, at the first skipped step: rank 0 runs its batch's forward and scaled backward again
 // under a NonFiniteLocator to find the op (and module) where the first inf/NaN was born. The step was
-// skipped, so the weights are the ones it saw; the model is called directly (not through DDP, whose
-// hooks stay disarmed: no collective), BatchNorm's statistics are put back and the gradients dropped.
-// SyncBatchNorm uses rank 0's own batch statistics here: the other ranks do not take part.
+// skipped, so the weights are the ones it saw; the model is called directly (not through DDP: no
+// collective; under no_sync(), which tells DDP the gradients stay local), BatchNorm's statistics are put
+// back and the gradients dropped. SyncBatchNorm uses rank 0's own batch statistics here: the other ranks
+// do not take part.
 void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
   run.buffer_guard.save();
   std::optional<NonFiniteOrigin> origin;
   {
     dist::LocalBatchNormGuard no_collectives;
+    std::optional<dist::NoSyncGuard> local;
+    if (run.ddp) local.emplace(run.ddp->no_sync());
     NonFiniteLocator locate(*run.model);
     auto logits = run.amp.forward(run.model, batch.data).to(torch::kFloat32);
     (classification_loss(logits, batch.target) * scale).backward();
