@@ -25,6 +25,7 @@
 #include <ampp/precision/float8_ranges.h>
 #include <ampp/precision/kernels.h>
 #include <ampp/precision/nonfinite_locator.h>
+#include <ampp/precision/op_policy.h>
 #include <ampp/precision/rounding.h>
 
 // scaling: ampp::GradScaler (PyTorch semantics + static/max/min/hysteresis), FusedSGD, FusedAdamW,
@@ -54,6 +55,7 @@
 #include <ampp/train/gpt.h>
 #include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
+#include <ampp/train/named_master_params.h>
 #include <ampp/train/options.h>
 #include <ampp/train/prefetcher.h>
 #include <ampp/train/pytorch_training_checkpoint.h>

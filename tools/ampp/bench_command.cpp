@@ -9,6 +9,7 @@
 // Every number is a ratio to a baseline measured in the same run: absolute times on a shared
 // machine drift by tens of percent, ratios much less. The full Google Benchmark suites are in bench/.
 #include "command_registry.h"
+#include "torch_compat.h"
 
 #include <ampp/amp/initialize.h>
 #include <ampp/numerics/unscale.h>
@@ -18,7 +19,6 @@
 #include <ampp/train/models.h>
 #include <ampp/train/options.h>
 #include <ampp/util/threads.h>
-#include <ampp/util/torch_version.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -53,7 +53,7 @@ void wait_for(const torch::Device& device) {
 // around the round on the current stream (the GPU's own clock; the host waits once, at the end), on the
 // CPU by the host's clock.
 double round_seconds(const std::function<void()>& body, const torch::Device& device, int per_round) {
-#if AMPP_TORCH_AT_LEAST(2, 8)  // c10::Event::elapsedTime
+#if AMPP_HAS_EVENT_ELAPSED_TIME
   if (device.is_cuda()) {
     const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
     const c10::Stream stream = cuda.getStream(cuda.getDevice());

@@ -7,9 +7,8 @@
 //   }                                                        // previous state restored here
 //
 // Inside a region, listed ATen ops cast their floating-point tensor arguments according to a
-// per-op CastPolicy (PyTorch's published lists by default, see docs/precision.md). The lists
-// can be queried (policy_of) and extended at run time for any registered aten op (apex's
-// register_half_function / register_float_function / register_promote_function).
+// per-op CastPolicy (op_policy.h: PyTorch's published lists by default, see docs/precision.md, queried
+// and extended at run time).
 //
 // fp16 on CPU: LibTorch's fp16 CPU kernels are scalar (1.13 has none). ampp emulates fp16 faithfully: values and
 // gradients that cross lower-precision ops are rounded to IEEE half (overflow to inf, underflow to
@@ -18,6 +17,7 @@
 // bf16 on CPU: GEMMs/convolutions run on LibTorch's native bf16 kernels when the CPU has bf16 units;
 // otherwise (by default) activations are stored in bf16 but GEMMs/convolutions compute in fp32.
 
+#include <ampp/precision/op_policy.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
@@ -26,20 +26,6 @@
 #include <vector>
 
 namespace ampp {
-
-/// How an op's floating-point tensor arguments are treated inside an autocast region.
-enum class CastPolicy {
-  kNone,             ///< not listed: runs in the dtype of its inputs
-  kLowerPrecision,   ///< cast to the region's dtype (bf16, fp16); fp32 weights are cached
-  kFp32,             ///< cast to float32
-  kFp32SetOptDtype,  ///< (CUDA lists) inputs untouched, optional `dtype` argument set to float32
-  kFp32AppendDtype,  ///< (CUDA lists) redispatched with dtype=float32 (the `norm` family)
-  kPromote,          ///< cast to the widest floating dtype among the arguments
-  kBanned,           ///< refuses to run under fp16 (binary_cross_entropy); see allow_banned
-};
-
-/// "lower_precision", "fp32", ... (the spelling used by docs and error messages).
-const char* to_string(CastPolicy policy);
 
 /// Where bf16 GEMMs and convolutions compute on CPU.
 enum class Bf16Compute {
@@ -122,28 +108,5 @@ void set_default_bf16_compute(Bf16Compute compute);
 /// Drop the cached low-precision weight copies of this thread (done automatically when the
 /// outermost region exits).
 void clear_autocast_cache();
-
-// ---- op policies ------------------------------------------------------------------------------
-// Op names are aten operator names with an optional overload: "softmax", "conv2d.padding",
-// "aten::addmm" ("aten::" optional). A name without overload means the default overload.
-
-/// The policy of `op` for `device_type` (kCPU or kCUDA). Unlisted ops: CastPolicy::kNone.
-CastPolicy policy_of(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
-
-/// All ops with `policy` for `device_type`, sorted ("name" or "name.overload").
-std::vector<std::string> ops_with_policy(CastPolicy policy, c10::DeviceType device_type = c10::DeviceType::CPU);
-
-/// Set the policy of any registered out-of-place aten op; takes effect immediately, for all threads.
-/// A CPU registration also applies in fp16 regions that follow the CUDA lists (it overrides them).
-/// Throws if the op is not registered or is in-place/out=. CastPolicy::kNone removes it from the lists.
-void register_op_policy(const std::string& op, CastPolicy policy, c10::DeviceType device_type = c10::DeviceType::CPU);
-
-/// apex's names. "half" means the region's lower-precision dtype (bf16 or fp16).
-void register_half_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
-void register_float_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
-void register_promote_function(const std::string& op, c10::DeviceType device_type = c10::DeviceType::CPU);
-
-/// Restore the default lists for `device_type` (undo all registrations).
-void reset_op_policies(c10::DeviceType device_type = c10::DeviceType::CPU);
 
 }  // namespace ampp

@@ -16,11 +16,6 @@
 
 namespace ampp::train {
 
-/// The tensors the optimizer steps (the FP32 masters under O2, the parameters otherwise), each named
-/// by the model parameter it belongs to, in the optimizer's order (Amp::master_params()): the model's order
-/// for one param group, not for several (AdamW's decay and no-decay groups).
-std::vector<std::pair<std::string, torch::Tensor>> named_master_params(const torch::nn::Module& model, const Amp& amp);
-
 /// Writes the training dict of `objects` at `position` (atomically). Under O2 "model" holds the FP32
 /// masters' values. ampp resumes from its own checkpoint (which also holds the sampler and the RNG);
 /// this file is for Python.

@@ -2,7 +2,8 @@
 // reduce-scatter of its gradients into the shards (FSDP2's collectives, one per unit and dtype).
 #include "fsdp_unit.h"
 
-#include <ampp/util/torch_version.h>
+#include "torch_compat.h"
+
 #include <c10/util/strides.h>
 
 #include <algorithm>
@@ -50,7 +51,7 @@ torch::Tensor reduce_scatter_sum(const FsdpContext& context, const torch::Tensor
     sized_segment(*context.shared_memory, group, kSegmentBytes, kSegmentBytes).reduce_scatter_sum_(input, out);
     return out;
   }
-#if AMPP_TORCH_AT_LEAST(2, 0)
+#if AMPP_GLOO_HAS_REDUCE_SCATTER
   // Gloo's reduce_scatter takes CPU tensors only: CUDA gradients (workers sharing a GPU) go through the host.
   const bool via_host = !input.is_cpu() && group.backend() == "gloo";
   const torch::Tensor sent = via_host ? input.cpu() : input;

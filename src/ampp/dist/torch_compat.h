@@ -7,6 +7,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// Gloo's reduce_scatter: LibTorch 2.0 and newer (FSDP's gradient reduction allreduces before that).
+#define AMPP_GLOO_HAS_REDUCE_SCATTER AMPP_TORCH_AT_LEAST(2, 0)
+
 // The CUDA wheels compile c10d with NCCL and say so with USE_C10D_NCCL on every compile line.
 #if defined(USE_C10D_NCCL) && AMPP_TORCH_AT_LEAST(2, 0)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>

@@ -4,15 +4,15 @@
 
 #include <ampp/numerics/unscale.h>
 
+#include "torch_compat.h"
 #include "unscale_span.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
-#if __has_include(<ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>)
+#if AMPP_HAVE_ATEN_AMP_UNSCALE
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
-#define AMPP_HAVE_ATEN_AMP_UNSCALE 1
 #endif
 
 #include <atomic>
@@ -159,7 +159,7 @@ void unscale_and_find_non_finite_(at::TensorList scaled_grads, at::Tensor& found
     cpu_unscale(scaled_grads, found_inf, *inv_scale.data_ptr<float>(), per_tensor);
     return;
   }
-#if defined(AMPP_HAVE_ATEN_AMP_UNSCALE)
+#if AMPP_HAVE_ATEN_AMP_UNSCALE
   // CUDA (and other accelerator) builds: ATen's fused multi-tensor kernel, one call per dtype since
   // the foreach op requires a single dtype. The GPU suite runs it (tests/gpu).
   std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;

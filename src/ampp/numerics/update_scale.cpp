@@ -10,9 +10,8 @@
 
 #include <cmath>
 
-#if __has_include(<ATen/ops/_amp_update_scale.h>)
+#if AMPP_HAVE_ATEN_AMP_UPDATE
 #include <ATen/ops/_amp_update_scale.h>
-#define AMPP_HAVE_ATEN_AMP_UPDATE 1
 #endif
 
 namespace ampp::numerics {
@@ -22,7 +21,7 @@ at::Tensor& amp_update_scale_(at::Tensor& current_scale, at::Tensor& growth_trac
   TORCH_CHECK(current_scale.defined() && growth_tracker.defined() && found_inf.defined(),
               "amp_update_scale_: current_scale, growth_tracker and found_inf must be defined tensors.");
   if (!current_scale.device().is_cpu()) {
-#if defined(AMPP_HAVE_ATEN_AMP_UPDATE)
+#if AMPP_HAVE_ATEN_AMP_UPDATE
     // CUDA builds: ATen's single-thread kernel (the GPU suite runs it).
     return at::_amp_update_scale_(current_scale, growth_tracker, found_inf, growth_factor, backoff_factor,
                                   growth_interval);

@@ -12,13 +12,6 @@
 #include <atomic>
 #include <cstdlib>
 
-// CUDA autocast is compiled only when the LibTorch build ships CUDA headers.
-#if __has_include(<ATen/cuda/CUDAConfig.h>)
-#define AMPP_HAS_CUDA 1
-#else
-#define AMPP_HAS_CUDA 0
-#endif
-
 namespace ampp {
 namespace {
 

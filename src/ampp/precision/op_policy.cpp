@@ -2,6 +2,8 @@
 // docs/precision.md), updated for the LibTorch ampp runs on (torch_compat.h) and filtered by what
 // its dispatcher registers; defaults, changeable at run time.
 
+#include <ampp/precision/op_policy.h>
+
 #include "detail.h"
 #include "torch_compat.h"
 

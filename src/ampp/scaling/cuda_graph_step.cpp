@@ -11,16 +11,14 @@
 #include <string>
 
 #include "graph_capture_scope.h"
+#include "torch_compat.h"
 
-#if __has_include(<ATen/cuda/CUDAConfig.h>)
-#define AMPP_CUDA_GRAPHS 1
+#if AMPP_CUDA_GRAPHS
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#else
-#define AMPP_CUDA_GRAPHS 0
 #endif
 
 namespace ampp {

@@ -1,4 +1,5 @@
 #include <ampp/train/checkpoint.h>
+#include <ampp/train/named_master_params.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 
 #include <ampp/util/archive_bytes.h>

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "graphed_step.h"
+#include "set_lr.h"
 
 namespace ampp::train::detail {
 

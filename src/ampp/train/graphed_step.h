@@ -7,18 +7,12 @@
 // graph keeps the lr it was captured with).
 #include <ampp/scaling/cuda_graph_step.h>
 
-#include <torch/optim/optimizer.h>
-#include <torch/optim/sgd.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <memory>
 
 namespace ampp::train::detail {
-
-// Every param group's learning rate (the trainer's optimizer: SGD or AdamW, plain, fused or ZeRO's).
-inline void set_lr(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
-}
 
 class GraphedTrainStep {
  public:

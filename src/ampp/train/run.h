@@ -25,6 +25,7 @@
 #include <ampp/train/gpt.h>
 #include <ampp/train/memory_report.h>
 #include <ampp/train/models.h>
+#include <ampp/train/named_master_params.h>
 #include <ampp/train/op_profile.h>
 #include <ampp/train/prefetcher.h>
 #include <ampp/train/pytorch_training_checkpoint.h>

@@ -6,6 +6,7 @@
 #include "outputs.h"
 #include "resume.h"
 #include "run.h"
+#include "set_lr.h"
 #include "train_step.h"
 #include "workers.h"
 
