@@ -1,18 +1,17 @@
 // gpu_memory.h: the CUDA caching allocator's statistics, where this LibTorch has CUDA.
 #include "gpu_memory.h"
 
-#if __has_include(<ATen/cuda/CUDAConfig.h>)
+#include <ampp/util/torch_version.h>
+
+#if AMPP_TORCH_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
-#define AMPP_BENCH_CUDA 1
-#else
-#define AMPP_BENCH_CUDA 0
 #endif
 
 namespace ampp::bench {
 
 void reset_peak_gpu_memory(const torch::Device& device) {
-#if AMPP_BENCH_CUDA
+#if AMPP_TORCH_HAS_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
 #else
   (void)device;
@@ -20,7 +19,7 @@ void reset_peak_gpu_memory(const torch::Device& device) {
 }
 
 double peak_gpu_memory_mib(const torch::Device& device) {
-#if AMPP_BENCH_CUDA
+#if AMPP_TORCH_HAS_CUDA
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
     // The aggregate pool (index 0 of StatType): every allocation, small and large.
@@ -33,7 +32,7 @@ double peak_gpu_memory_mib(const torch::Device& device) {
 }
 
 void release_cached_gpu_memory() {
-#if AMPP_BENCH_CUDA
+#if AMPP_TORCH_HAS_CUDA
   if (torch::cuda::is_available()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
 }

@@ -109,7 +109,7 @@ autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enab
     return;
   }
   if (device_type == c10::DeviceType::CUDA) {
-#if AMPP_HAS_CUDA
+#if AMPP_TORCH_HAS_CUDA
     TORCH_CHECK(!enabled || torch::cuda::is_available(),
                 "ampp::autocast: CUDA autocast requested but no CUDA device is available; use torch::kCPU");
     saved_.libtorch_enabled = precision::compat::autocast_enabled(c10::DeviceType::CUDA);
@@ -150,7 +150,7 @@ autocast::~autocast() {
     region.fp16_op_lists = saved_.fp16_op_lists;
     return;
   }
-#if AMPP_HAS_CUDA
+#if AMPP_TORCH_HAS_CUDA
   if (device_type_ == c10::DeviceType::CUDA) {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     precision::compat::set_autocast_enabled(c10::DeviceType::CUDA, saved_.libtorch_enabled);

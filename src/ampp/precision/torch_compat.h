@@ -13,13 +13,6 @@
 // The float8 types and ATen's _scaled_mm on the CPU and CUDA (float8.h): LibTorch 2.6 or newer.
 #define AMPP_HAS_FLOAT8 AMPP_TORCH_AT_LEAST(2, 6)
 
-// CUDA autocast (autocast.cpp) is compiled only where the LibTorch build ships CUDA headers.
-#if __has_include(<ATen/cuda/CUDAConfig.h>)
-#define AMPP_HAS_CUDA 1
-#else
-#define AMPP_HAS_CUDA 0
-#endif
-
 namespace ampp::precision::compat {
 
 // LibTorch's own autocast state. 2.4 (pytorch#124359) made it device-generic

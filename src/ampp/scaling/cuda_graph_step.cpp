@@ -13,7 +13,7 @@
 #include "graph_capture_scope.h"
 #include "torch_compat.h"
 
-#if AMPP_CUDA_GRAPHS
+#if AMPP_TORCH_HAS_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -32,9 +32,9 @@ GraphCaptureScope::GraphCaptureScope() : before_(capturing) { capturing = true; 
 GraphCaptureScope::~GraphCaptureScope() { capturing = before_; }
 }  // namespace scaling::detail
 
-bool cuda_graphs_compiled() { return AMPP_CUDA_GRAPHS; }
+bool cuda_graphs_compiled() { return AMPP_TORCH_HAS_CUDA; }
 
-#if AMPP_CUDA_GRAPHS
+#if AMPP_TORCH_HAS_CUDA
 ErrorOnCudaSync::ErrorOnCudaSync() : mode_before_(static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode())) {
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
 }
@@ -46,7 +46,7 @@ ErrorOnCudaSync::ErrorOnCudaSync() = default;
 ErrorOnCudaSync::~ErrorOnCudaSync() = default;
 #endif
 
-#if AMPP_CUDA_GRAPHS
+#if AMPP_TORCH_HAS_CUDA
 struct CudaGraphStep::Graph {
   at::cuda::CUDAGraph graph;
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
@@ -112,7 +112,7 @@ void CudaGraphStep::copy_inputs(const std::vector<torch::Tensor>& inputs) {
 
 const torch::Tensor& CudaGraphStep::operator()(const std::vector<torch::Tensor>& inputs) {
   copy_inputs(inputs);
-#if AMPP_CUDA_GRAPHS
+#if AMPP_TORCH_HAS_CUDA
   TORCH_CHECK(!at::autocast::is_autocast_enabled(at::kCUDA),
               "CudaGraphStep: called inside an autocast region. Its cast cache would keep casts of the weights "
               "made before the capture, and every replay would reuse them as the weights change. Fix: enter "
@@ -130,7 +130,7 @@ const torch::Tensor& CudaGraphStep::operator()(const std::vector<torch::Tensor>&
   return output_;
 }
 
-#if AMPP_CUDA_GRAPHS
+#if AMPP_TORCH_HAS_CUDA
 namespace {
 
 // `waiter` waits for what was queued on `producer` so far (torch.cuda.Stream.wait_stream).

@@ -5,13 +5,6 @@
 
 #include <utility>
 
-// CUDA graphs (cuda_graph_step.cpp) are compiled only where the LibTorch build ships CUDA headers.
-#if __has_include(<ATen/cuda/CUDAConfig.h>)
-#define AMPP_CUDA_GRAPHS 1
-#else
-#define AMPP_CUDA_GRAPHS 0
-#endif
-
 namespace ampp::scaling::compat {
 
 // A scaled output has the shape PyTorch's GradScaler.scale gives in the version ampp is built against:
