@@ -32,11 +32,12 @@ namespace {
 void warn_if_backward_under_autocast(torch::Tensor& scaled) {
   const auto device = scaled.device().type();
   scaled.register_hook([device](const torch::Tensor&) {
-    if (is_autocast_enabled(device))
+    if (is_autocast_enabled(device)) {
       TORCH_WARN_ONCE(
           "ampp: a backward runs inside an autocast region (an ampp::autocast or amp.autocast() "
           "still alive): its ops run in autocast's precision, which PyTorch's docs advise against. "
           "Close the region after the forward and the loss, before backward() and the step");
+    }
   });
 }
 
