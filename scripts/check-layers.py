@@ -10,7 +10,8 @@ The layer order is the `foreach(layer ...)` list in the top CMakeLists.txt. For 
   - quoted includes ("x.h") are for private headers; public ones are written <ampp/...>.
 For every layer, the ampp layers its CMakeLists.txt links are exactly the layers its files include.
 The public API is what include/ampp/ampp.h reaches: those headers include no fmt, nlohmann-json or
-protobuf header, and every other header under include/ampp carries INTERNAL_MARKER.
+protobuf header, every other header under include/ampp carries INTERNAL_MARKER (and is not installed:
+cmake/AmppInstall.cmake), and examples/ and .ci/consumer/ include only the public API.
 docs/architecture.md carries the generated layer graph between the layer-graph markers.
 
 Usage: check-layers.py            check (exit 1 with one line per problem)
@@ -30,7 +31,8 @@ THIRD_PARTY_IN_API = re.compile(r"^(fmt|nlohmann|google/protobuf)/")
 
 
 def check_public_api(problems):
-    """ampp.h's reach: no third-party headers but LibTorch's; the headers outside it say they are internal."""
+    """ampp.h's reach: no third-party headers but LibTorch's; the headers outside it say they are internal.
+    Returns the headers it reaches (what `cmake --install` installs)."""
     reached, todo = set(), ["ampp/ampp.h"]
     while todo:
         header = todo.pop()
@@ -46,6 +48,21 @@ def check_public_api(problems):
         header = str(file.relative_to(ROOT / "include"))
         if header not in reached and INTERNAL_MARKER not in file.read_text():
             problems.append(f"include/{header}: not reached from ampp.h and not marked \"{INTERNAL_MARKER}\"")
+        elif header in reached and INTERNAL_MARKER in file.read_text():
+            problems.append(f"include/{header}: marked internal (not installed) but reached from ampp.h")
+    return reached
+
+
+def check_examples_use_the_api(reached, problems):
+    """Examples and the CI consumer are users' code: they include only what an install has."""
+    for top in ("examples", ".ci/consumer"):
+        for file in sorted((ROOT / top).rglob("*")):
+            if file.suffix not in (".h", ".cpp"):
+                continue
+            for kind, name in INCLUDE.findall(file.read_text()):
+                if name.startswith("ampp/") and name not in reached:
+                    problems.append(f"{file.relative_to(ROOT)}: #include <{name}> is internal to ampp "
+                                    "(not installed); use the API of <ampp/ampp.h>")
 
 
 def layer_order():
@@ -151,7 +168,7 @@ def main():
             if file.suffix in (".h", ".hpp", ".cpp", ".cc"):
                 check_file(file, order, problems, uses)
     check_links(order, uses, problems)
-    check_public_api(problems)
+    check_examples_use_the_api(check_public_api(problems), problems)
     doc = ROOT / "docs" / "architecture.md"
     text = doc.read_text()
     block = re.search(re.escape(BEGIN) + ".*?" + re.escape(END), text, re.S)

@@ -47,17 +47,15 @@
 #include <ampp/dist/grad_bucket.h>
 #include <ampp/dist/reducer.h>
 
-// train: the `ampp train` library (options, loop, data, models, checkpoints, metrics)
-#include <ampp/train/allocator.h>
+// train: the pieces of `ampp train` a loop of one's own can use (data, batches, models, checkpoints in
+// ampp's and PyTorch's formats, TensorBoard). The CLI's own machinery (its options, loop, metrics and
+// malloc tuning) is internal and not installed.
 #include <ampp/train/batches.h>
 #include <ampp/train/checkpoint.h>
 #include <ampp/train/dataset.h>
 #include <ampp/train/gpt.h>
-#include <ampp/train/metrics.h>
 #include <ampp/train/models.h>
 #include <ampp/train/named_master_params.h>
-#include <ampp/train/options.h>
 #include <ampp/train/prefetcher.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 #include <ampp/train/tensorboard.h>
-#include <ampp/train/trainer.h>

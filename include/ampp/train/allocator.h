@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Process-wide tuning of glibc's malloc for CPU training loops.
 
 namespace ampp::train {

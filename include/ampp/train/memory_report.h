@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // What the tensors of a training run hold, by kind, and what lies between them and the process's
 // peak: `ampp train --profile` prints it and summary.json keeps it (`memory_bytes`), so that a peak
 // RSS explains itself (weights, FP32 masters, gradients, optimizer state, data, activations, and

@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // What `ampp train` reports: its records (one per logged step and per epoch, in metrics.jsonl), a
 // per-epoch progress bar on rank 0, the final summary table and gnuplot PNGs. Their JSON form is
 // internal (src/ampp/train/report_json.h): a program reads the files.

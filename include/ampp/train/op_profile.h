@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Which operators a window of training steps spent its time in, from LibTorch's own profiler (the one
 // behind Python's torch.profiler): `ampp train --profile` records steps on rank 0 and prints the top
 // operators by self time beside the step phases, so that a phase's milliseconds explain themselves.

@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // TrainOptions: everything `ampp train` can be told, with its defaults (written once, here), checked by
 // validate() (src/ampp/train/options.cpp), and the paths and defaults derived from it.
 #include <ampp/amp/opt_level.h>

@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // Where a training step's wall time goes, per rank: `ampp train` always measures it (a few clock
 // reads per step), writes it to summary.json and prints it under --profile, so that every speed
 // claim about a configuration can be explained phase by phase.

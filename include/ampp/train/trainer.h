@@ -1,4 +1,5 @@
 #pragma once
+// Internal to ampp (its layers, CLI and tests): not part of the API that <ampp/ampp.h> is; may change.
 // The training loop behind `ampp train`: one worker's share of a (possibly distributed)
 // mixed-precision run with checkpoints, metrics and exact resume.
 //

@@ -1,5 +1,6 @@
 #include <ampp/util/tensor_memory.h>
 
+#include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <cstring>
@@ -22,21 +23,41 @@ std::unordered_map<void*, TrackedBlock>& tracked_blocks() {
   static auto* m = new std::unordered_map<void*, TrackedBlock>();
   return *m;
 }
-std::atomic<int64_t>* g_tracked_current = nullptr;
 
 }  // namespace
 
+// The allocator LibTorch calls. c10::Allocator's interface changed in 2.x: allocate() lost its const and
+// copy_data() became pure virtual. Both forms are declared here, none `override`, so whichever the
+// LibTorch in use declares virtual is the one overridden; the other is a plain member.
+class TrackingAllocator final : public c10::Allocator {
+ public:
+  TrackingAllocator(c10::Allocator* base, TensorMemoryTracker* counts) : base_(base), counts_(counts) {}
+  c10::DataPtr allocate(size_t bytes) const;
+  c10::DataPtr allocate(size_t bytes) { return std::as_const(*this).allocate(bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+  c10::DeleterFnPtr raw_deleter() const { return &release; }
+  static void release(void* data);
+
+ private:
+  c10::Allocator* base_;
+  TensorMemoryTracker* counts_;
+};
+
+namespace {
+TensorMemoryTracker* g_counts = nullptr;
+}  // namespace
+
 TensorMemoryTracker& TensorMemoryTracker::install() {
-  static TensorMemoryTracker* a = [] {
-    auto* t = new TensorMemoryTracker(c10::GetDefaultCPUAllocator());
-    g_tracked_current = &t->current_;
-    c10::SetCPUAllocator(t, /*priority=*/100);
-    return t;
+  static TensorMemoryTracker* tracker = [] {
+    auto* counts = new TensorMemoryTracker();
+    g_counts = counts;
+    c10::SetCPUAllocator(new TrackingAllocator(c10::GetDefaultCPUAllocator(), counts), /*priority=*/100);
+    return counts;
   }();
-  return *a;
+  return *tracker;
 }
 
-c10::DataPtr TensorMemoryTracker::allocate(size_t bytes) const {
+c10::DataPtr TrackingAllocator::allocate(size_t bytes) const {
   c10::DataPtr inner = base_->allocate(bytes);
   void* data = inner.get();
   const c10::Device device = inner.device();
@@ -46,22 +67,14 @@ c10::DataPtr TensorMemoryTracker::allocate(size_t bytes) const {
     std::lock_guard<std::mutex> lock(g_tracked_mutex);
     tracked_blocks()[data] = TrackedBlock{static_cast<int64_t>(bytes), inner_context, inner_deleter};
   }
-  const int64_t now = current_.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
-  int64_t seen = peak_.load();
-  while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+  const int64_t now = counts_->current_.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
+  int64_t seen = counts_->peak_.load();
+  while (now > seen && !counts_->peak_.compare_exchange_weak(seen, now)) {
   }
-  return {data, data, &TensorMemoryTracker::release, device};
+  return {data, data, &TrackingAllocator::release, device};
 }
 
-c10::DataPtr TensorMemoryTracker::allocate(size_t bytes) { return std::as_const(*this).allocate(bytes); }
-
-void TensorMemoryTracker::copy_data(void* dest, const void* src, std::size_t count) const {
-  std::memcpy(dest, src, count);
-}
-
-c10::DeleterFnPtr TensorMemoryTracker::raw_deleter() const { return &TensorMemoryTracker::release; }
-
-void TensorMemoryTracker::release(void* data) {
+void TrackingAllocator::release(void* data) {
   TrackedBlock block{};
   {
     std::lock_guard<std::mutex> lock(g_tracked_mutex);
@@ -70,7 +83,7 @@ void TensorMemoryTracker::release(void* data) {
     block = it->second;
     tracked_blocks().erase(it);
   }
-  g_tracked_current->fetch_sub(block.bytes);
+  g_counts->current_.fetch_sub(block.bytes);
   if (block.inner_deleter) block.inner_deleter(block.inner_context);
 }
 
