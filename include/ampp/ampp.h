@@ -8,6 +8,7 @@
 #include <ampp/util/batch_norm_like.h>
 #include <ampp/util/launch_environment.h>
 #include <ampp/util/parse_number.h>
+#include <ampp/util/state_dict.h>
 #include <ampp/util/threads.h>
 #include <ampp/util/torch_version.h>
 
@@ -35,12 +36,16 @@
 #include <ampp/scaling/grad_scaler.h>
 #include <ampp/scaling/gradient_ranges.h>
 
+// io: files in PyTorch's torch.save format, state dicts in PyTorch's layouts, torch::serialize archives
+// read from untrusted bytes
+#include <ampp/io/archive_reader.h>
+#include <ampp/io/pytorch_checkpoint.h>
+
 // amp: ampp::initialize, OptLevel O0-O3, Properties, the Amp handle, FP32 master weights
 #include <ampp/amp/amp.h>
 #include <ampp/amp/initialize.h>
 #include <ampp/amp/opt_level.h>
 #include <ampp/amp/properties.h>
-#include <ampp/amp/pytorch_checkpoint.h>
 
 // dist: process groups, DDP, comm hooks, DistributedSampler, spawn, the launcher
 #include <ampp/dist/dist.h>

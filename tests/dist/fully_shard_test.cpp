@@ -4,8 +4,8 @@
 #include "dist/ddp_test_util.h"
 #include "dist/fsdp_test_util.h"
 
-#include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/dist/fully_shard.h>
+#include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/precision/autocast.h>
 #include <ampp/scaling/grad_scaler.h>
 #include <ampp/util/torch_version.h>

@@ -1,6 +1,6 @@
 // libFuzzer harness: ampp::load_pytorch on arbitrary bytes (a torch.save file from outside). Any
 // outcome but a value or a c10::Error (one line) is a finding. scripts/fuzz.sh runs it.
-#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/io/pytorch_checkpoint.h>
 
 #include "fuzz_input.h"
 

@@ -1,7 +1,7 @@
 // The GPU suite: ampp on a real CUDA device, against Python torch on the same GPU where PyTorch defines
 // the answer (gpu_oracle.py). Every test skips, naming what is missing, where no GPU is visible.
 #include <ampp/amp/initialize.h>
-#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/precision/autocast.h>
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/scaling/grad_scaler.h>

@@ -3,7 +3,7 @@
 // state_dict() is an OrderedDict) loads into LibTorch and ampp. Both sides then train the same batches
 // and every weight is compared: bit for bit with SGD (the same kernels in the same order), within
 // float32 rounding with Adam (PyTorch updates exp_avg with lerp_, LibTorch with mul_ and add_).
-#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/scaling/grad_scaler.h>
 #include <gmock/gmock.h>
 #include <torch/torch.h>

@@ -1,7 +1,7 @@
 // `ampp train` writes checkpoint.pt next to checkpoint.ampp: Python PyTorch opens it with plain
 // torch.load, loads it strictly into the same network written in torch.nn (tests/train/pytorch_cnn.py),
 // restores SGD and GradScaler from it, and computes the same logits as ampp's own model.pt, bit for bit.
-#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/train/models.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

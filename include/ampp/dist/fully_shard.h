@@ -27,8 +27,8 @@
 // call unshard() while this object lives (the module then keeps the gathered values).
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/process_group.h>
+#include <ampp/util/state_dict.h>
 
-#include <ATen/core/Dict.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Type.h>
 #include <torch/arg.h>
@@ -158,7 +158,7 @@ class FullyShardedDataParallel {
   torch::Tensor clip_grad_norm_(double max_norm);
   // Collective: the full model as module_state_dict() would give it unsharded (FP32, by name; buffers
   // too), on every rank.
-  c10::impl::GenericDict full_state_dict() const;
+  StateDict full_state_dict() const;
   // Every rank: takes its shards from a full state dict (full_state_dict(), or any world size's).
   void load_full_state_dict(const c10::IValue& state);
   // Collective: rank 0 writes full_state_dict() atomically as a PyTorch file (torch.load reads it).
@@ -168,7 +168,7 @@ class FullyShardedDataParallel {
   // optimizer.state_dict() of the unsharded model, on every rank: each parameter's momentum or moments
   // gathered whole ("step" as it is). FSDP2's get_optimizer_state_dict with full_state_dict=True; what the
   // same optimizer over the unsharded module loads with load_optimizer_state_dict, and torch.load reads.
-  c10::impl::GenericDict full_optimizer_state_dict(const torch::optim::Optimizer& optimizer) const;
+  StateDict full_optimizer_state_dict(const torch::optim::Optimizer& optimizer) const;
   // Every rank: `optimizer` (over parameters()) takes its rows of a full optimizer state dict, from
   // full_optimizer_state_dict() of any world size or from the unsharded model's optimizer.
   void load_full_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state) const;

@@ -1,6 +1,7 @@
 // FullyShardedDataParallel's checkpoints: the full state dict (every shard gathered; what torch.load and
 // an unsharded model read) and one file per rank holding its shards (same world size and rank only).
-#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/io/archive_reader.h>
+#include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/util/archive_bytes.h>
 
 #include <torch/serialize.h>
@@ -39,7 +40,7 @@ torch::Tensor gather_full(const ProcessGroup& group, const detail::ShardedParam&
 
 }  // namespace
 
-c10::impl::GenericDict FullyShardedDataParallel::full_state_dict() const {
+StateDict FullyShardedDataParallel::full_state_dict() const {
   torch::NoGradGuard no_grad;
   auto dict = make_pytorch_dict();
   for (const auto& p : state_->params) dict.insert(p.name, gather_full(state_->context.group, p, p.padded));
@@ -112,7 +113,7 @@ void FullyShardedDataParallel::save_sharded(const std::string& path, const torch
 
 void FullyShardedDataParallel::load_sharded(const std::string& path, torch::optim::Optimizer* optimizer) {
   torch::serialize::InputArchive archive;
-  archive.load_from(path);
+  read_archive_file(archive, path);
   torch::Tensor world, rank;
   archive.read("world_size", world);
   archive.read("rank", rank);
@@ -150,6 +151,8 @@ namespace {
 
 using Dict = c10::impl::GenericDict;
 
+Dict str_keyed_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+
 // PyTorch's names of the per-parameter state tensors shaped like their parameter (SGD's momentum, Adam's
 // and AdamW's moments): the ones that are sharded. "step" is the same on every rank and stays as it is.
 bool is_sharded_state(const std::string& key) {
@@ -176,7 +179,7 @@ std::vector<const detail::ShardedParam*> params_by_index(const torch::optim::Opt
 // Copy of `state` (a parameter's state dict) with each sharded entry replaced by `convert(entry)`.
 template <typename Convert>
 Dict with_sharded_entries(const Dict& state, Convert convert) {
-  Dict out = make_pytorch_dict();
+  Dict out = str_keyed_dict();
   for (const auto& item : state) {
     const std::string key = item.key().toStringRef();
     const bool sharded = is_sharded_state(key) && item.value().isTensor();
@@ -187,7 +190,7 @@ Dict with_sharded_entries(const Dict& state, Convert convert) {
 
 // The optimizer state dict's "state" of each parameter, in index order (an empty dict where it has none).
 std::vector<Dict> states_by_index(const Dict& state_dict, size_t n) {
-  std::vector<Dict> out(n, make_pytorch_dict());
+  std::vector<Dict> out(n, str_keyed_dict());
   for (const auto& item : state_dict.at("state").toGenericDict()) {
     const int64_t index = item.key().toInt();
     TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < n, "optimizer state for parameter ", index,
@@ -203,7 +206,7 @@ Dict state_dict_of(const std::vector<Dict>& states, const c10::IValue& param_gro
   auto state = Dict(c10::IntType::get(), c10::AnyType::get());
   for (size_t i = 0; i < states.size(); ++i)
     if (!states[i].empty()) state.insert(static_cast<int64_t>(i), states[i]);
-  Dict out = make_pytorch_dict();
+  Dict out = str_keyed_dict();
   out.insert("state", state);
   out.insert("param_groups", param_groups);
   return out;
@@ -211,11 +214,10 @@ Dict state_dict_of(const std::vector<Dict>& states, const c10::IValue& param_gro
 
 }  // namespace
 
-c10::impl::GenericDict FullyShardedDataParallel::full_optimizer_state_dict(
-    const torch::optim::Optimizer& optimizer) const {
+StateDict FullyShardedDataParallel::full_optimizer_state_dict(const torch::optim::Optimizer& optimizer) const {
   torch::NoGradGuard no_grad;
   const auto params = params_by_index(optimizer, state_->params);
-  const Dict sharded = optimizer_state_dict(optimizer);
+  const Dict sharded = c10::impl::toGenericDict(optimizer_state_dict(optimizer));
   auto states = states_by_index(sharded, params.size());
   // Every rank gathers the same entries in the same order: the ranks step the same parameters (each gets
   // a gradient, empty shards too), so they hold the same state keys. Checked, as a mismatch would hang.
@@ -235,7 +237,7 @@ c10::impl::GenericDict FullyShardedDataParallel::full_optimizer_state_dict(
     states[i] = with_sharded_entries(states[i], [&](const std::string&, const torch::Tensor& rows) {
       return gather_full(state_->context.group, *params[i], rows);
     });
-  return state_dict_of(states, sharded.at("param_groups"));
+  return c10::impl::toTypedDict<std::string, c10::IValue>(state_dict_of(states, sharded.at("param_groups")));
 }
 
 void FullyShardedDataParallel::load_full_optimizer_state_dict(torch::optim::Optimizer& optimizer,

@@ -2,6 +2,7 @@
 #include <ampp/train/named_master_params.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 
+#include <ampp/io/archive_reader.h>
 #include <ampp/util/archive_bytes.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/crc32.h>
@@ -84,9 +85,9 @@ void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string
 void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path) {
   const std::string payload = read_checkpoint_bytes(path);
   try {
-    archive.load_from(payload.data(), payload.size());
+    read_archive(archive, payload);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "checkpoint '", path, "' passed its checksum but LibTorch cannot read the archive inside (",
+    TORCH_CHECK(false, "checkpoint '", path, "' passed its checksum but the archive inside cannot be read (",
                 first_line(e), "); it was not written by this version of ampp/LibTorch");
   }
 }

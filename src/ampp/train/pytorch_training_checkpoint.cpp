@@ -1,5 +1,5 @@
 // A training run in PyTorch's checkpoint format (pytorch_training_checkpoint.h).
-#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/train/named_master_params.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
 
@@ -77,7 +77,7 @@ PyTorchCheckpointContents load_pytorch_training_checkpoint(const std::string& pa
   load_module_state_dict(objects.model, model_state);  // strict
   const auto scaler = !c.weights_only && ckpt.contains("scaler") && ckpt.at("scaler").isGenericDict()
                           ? ckpt.at("scaler").toGenericDict()
-                          : make_pytorch_dict();
+                          : c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
   objects.amp.load_state_dict(amp_state(scaler, model_state, objects, c.scaler));
   if (c.weights_only) return c;
   if (ckpt.contains("optimizer")) {

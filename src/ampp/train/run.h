@@ -2,7 +2,6 @@
 // Internal to ampp: one worker's training run (`ampp train`), built in the order the seeds build it, and the
 // small rules its parts share (the run's identity, the lr schedule, the loss).
 #include <ampp/amp/initialize.h>
-#include <ampp/amp/pytorch_checkpoint.h>
 #include <ampp/dist/ddp.h>
 #include <ampp/dist/fully_shard.h>
 #include <ampp/dist/heartbeat.h>
@@ -11,6 +10,7 @@
 #include <ampp/dist/sampler.h>
 #include <ampp/dist/sync_batch_norm.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
+#include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/numerics/unscale.h>
 #include <ampp/precision/dtype.h>
 #include <ampp/precision/float8_linear.h>

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace ampp::detail {
@@ -81,11 +82,23 @@ bool allowed_global(const std::string& module, const std::string& name) {
          (module == "torch.jit._pickle" && kTypedLists.count(name));
 }
 
+// An archive's module classes: "__torch__" or "__torch__.___torch_mangle_<digits>", class "Module", the
+// names torch::serialize::OutputArchive gives them. Their declarations (code/) are never compiled.
+bool archive_class(const std::string& module, const std::string& name) {
+  const std::string mangled = "__torch__.___torch_mangle_";
+  if (name != "Module") return false;
+  if (module == "__torch__") return true;
+  return module.size() > mangled.size() && module.size() <= mangled.size() + 9 &&
+         module.compare(0, mangled.size(), mangled) == 0 &&
+         std::all_of(module.begin() + static_cast<std::ptrdiff_t>(mangled.size()), module.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 class PickleWalk {
  public:
-  explicit PickleWalk(const std::string& p) : p_(p) {}
+  PickleWalk(const std::string& p, PickleSource source) : p_(p), source_(source) {}
 
-  void run() {
+  StorageLocations run() {
     size_t at = 0;
     bool stopped = false;
     while (at < p_.size()) {
@@ -100,12 +113,15 @@ class PickleWalk {
       at += 1 + n;
     }
     TORCH_CHECK(stopped, "truncated pickle: no STOP opcode");
+    return locations_;
   }
 
  private:
   struct Object {
-    size_t depth = 0;     // 0: a scalar; 1: an empty container
-    bool sealed = false;  // nested inside another object: may no longer change
+    size_t depth = 0;           // 0: a scalar; 1: an empty container
+    bool sealed = false;        // nested inside another object: may no longer change
+    std::string text;           // a string's value (BINUNICODE), to read storage locations
+    std::vector<size_t> items;  // a tuple's items, for the same reason
   };
 
   void apply(char op, size_t arg, size_t n) {
@@ -122,14 +138,16 @@ class PickleWalk {
         push(new_object(1));
         return;
       case 'l':
-      case 't':
       case 'd':
         push(container_of(pop_to_mark()));
+        return;
+      case 't':
+        push(tuple_of(pop_to_mark()));
         return;
       case '\x85':
       case '\x86':
       case '\x87':
-        push(container_of(pop_n(op - '\x84')));
+        push(tuple_of(pop_n(op - '\x84')));
         return;  // TUPLE1-3
       case 'a':
       case 's':
@@ -143,9 +161,13 @@ class PickleWalk {
         call(op);
         return;
       case 'Q':
-        pop();
+        note_location(pop());
         push(new_object(0));
         return;  // BINPERSID: a storage
+      case 'X':
+        push(new_object(0));
+        objects_.back().text = p_.substr(arg + 4, n - 4);
+        return;  // BINUNICODE
       case '0':
         pop();
         return;
@@ -215,6 +237,21 @@ class PickleWalk {
     for (size_t item : items) nest(item, id);
     return id;
   }
+  size_t tuple_of(const std::vector<size_t>& items) {
+    const size_t id = container_of(items);
+    objects_[id].items = items;
+    return id;
+  }
+  // A persistent id ("storage", type, key, location, numel): where the storage of record data/<key> was.
+  void note_location(size_t id) {
+    const auto& items = objects_[id].items;
+    if (items.size() != 5 || objects_[items[0]].text != "storage") return;
+    const std::string& key = objects_[items[2]].text;
+    const std::string& location = objects_[items[3]].text;
+    const auto [it, added] = locations_.emplace(key, location);
+    TORCH_CHECK(added || it->second == location, "the pickle places storage '", key, "' both on ", it->second,
+                " and on ", location, " (byte ", at_, ")");
+  }
   void add_to(size_t container, const std::vector<size_t>& items) {
     TORCH_CHECK(!objects_[container].sealed, "malformed pickle: a container is changed after it was nested (byte ", at_,
                 ")");
@@ -244,20 +281,27 @@ class PickleWalk {
     const size_t newline = argument.find('\n');
     const std::string module = argument.substr(0, newline);
     const std::string name = argument.substr(newline + 1, argument.size() - newline - 2);
-    TORCH_CHECK(allowed_global(module, name), "the pickle calls ", module, ".", name,
+    const bool archive_global =
+        source_ == PickleSource::kArchive &&
+        (archive_class(module, name) || (module == "torch.jit._pickle" && name == "restore_type_tag"));
+    TORCH_CHECK(allowed_global(module, name) || archive_global, "the pickle calls ", module, ".", name,
                 ", which ampp does not load: only tensors, numbers, strings, lists, tuples and dicts (save "
                 "state_dict()s, as torch.save(model.state_dict(), path) does)");
     push(new_object(0));
   }
 
   const std::string& p_;
+  const PickleSource source_;
   size_t at_ = 0;  // the current opcode's offset, for errors
   std::vector<Object> objects_;
   std::vector<size_t> stack_, marks_, memo_;
+  StorageLocations locations_;
 };
 
 }  // namespace
 
-void check_pickle(const std::string& pickle) { PickleWalk(pickle).run(); }
+StorageLocations check_pickle(const std::string& pickle, PickleSource source) {
+  return PickleWalk(pickle, source).run();
+}
 
 }  // namespace ampp::detail

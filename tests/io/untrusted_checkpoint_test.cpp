@@ -1,9 +1,9 @@
 // torch.save files from outside are untrusted: issue 27's reproductions, rebuilt from their
 // descriptions (malformed_files.h), each give one line naming the file and the problem, or load
 // correctly where the file is valid. The fuzzers (tests/fuzz) start from the same files.
-#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/io/pytorch_checkpoint.h>
 
-#include "ampp/amp/pickle_guard.h"
+#include "ampp/io/pickle_guard.h"
 #include "ampp_test.h"
 #include "malformed_files.h"
 

@@ -1,5 +1,5 @@
 // PyTorch-format state dicts (pytorch_checkpoint.h); the files themselves: pytorch_file.cpp.
-#include <ampp/amp/pytorch_checkpoint.h>
+#include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/util/optimizer_compat.h>
 
@@ -20,6 +20,9 @@ namespace {
 
 using Dict = c10::impl::GenericDict;
 
+Dict str_keyed_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+// The public type of the same dict (key str, value Any): no copy.
+StateDict typed(const Dict& d) { return c10::impl::toTypedDict<std::string, c10::IValue>(d); }
 Dict int_keyed_dict() { return Dict(c10::IntType::get(), c10::AnyType::get()); }
 
 c10::impl::GenericList any_list() { return c10::impl::GenericList(c10::AnyType::get()); }
@@ -62,7 +65,7 @@ void insert_adam_state(Dict& s, const AdamState& adam) {
 
 // One parameter's state as PyTorch names it; an empty dict when the optimizer has none for it yet.
 Dict param_state(const torch::optim::OptimizerParamState& state) {
-  Dict s = make_pytorch_dict();
+  Dict s = str_keyed_dict();
   if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
     s.insert("momentum_buffer", cpu_copy(sgd->momentum_buffer()));
   } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
@@ -75,23 +78,23 @@ Dict param_state(const torch::optim::OptimizerParamState& state) {
 
 }  // namespace
 
-Dict make_pytorch_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+StateDict make_pytorch_dict() { return make_state_dict(); }
 
-Dict module_state_dict(const torch::nn::Module& module) {
-  Dict d = make_pytorch_dict();
+StateDict module_state_dict(const torch::nn::Module& module) {
+  Dict d = str_keyed_dict();
   for (const auto& p : module.named_parameters()) d.insert(p.key(), cpu_copy(p.value()));
   for (const auto& b : module.named_buffers()) d.insert(b.key(), cpu_copy(b.value()));
-  return d;
+  return typed(d);
 }
 
-Dict optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
+StateDict optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
   // FusedAdamW counts its steps on the device; AdamWParamState::step is brought up to date here.
   if (const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer)) fused->sync_step_counts();
   Dict state = int_keyed_dict();
   auto groups = any_list();
   int64_t index = 0;
   for (const auto& group : optimizer.param_groups()) {
-    Dict g = make_pytorch_dict();
+    Dict g = str_keyed_dict();
     add_group_options(g, group.options());
     auto ids = any_list();  // a typed c10::List<int64_t> would pickle as torch.jit._pickle.build_intlist
     for (const auto& p : group.params()) {
@@ -102,16 +105,16 @@ Dict optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
     g.insert("params", ids);
     groups.push_back(g);
   }
-  Dict d = make_pytorch_dict();
+  Dict d = str_keyed_dict();
   d.insert("state", state);
   d.insert("param_groups", groups);
-  return d;
+  return typed(d);
 }
 
-Dict scaler_state_dict(const GradScaler& scaler) {
-  Dict d = make_pytorch_dict();
+StateDict scaler_state_dict(const GradScaler& scaler) {
+  Dict d = str_keyed_dict();
   for (const auto& [key, value] : scaler.state_dict()) d.insert(key, value);
-  return d;
+  return typed(d);
 }
 
 }  // namespace ampp

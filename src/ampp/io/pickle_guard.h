@@ -13,14 +13,24 @@
 // Errors are c10::Error with one line saying what and where (the byte offset).
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace ampp::detail {
 
+/// Whose pickle it is: torch.save's (tensors, numbers, strings and containers), or a torch::serialize
+/// archive's data.pkl, which also names the archive's module classes (`__torch__.Module`,
+/// `__torch__.___torch_mangle_<n>.Module`) and tags typed containers (torch.jit._pickle.restore_type_tag).
+enum class PickleSource { kTorchSave, kArchive };
+
 /// Far above what checkpoints use (a model's state dict inside a training checkpoint is 4 deep).
 constexpr size_t kMaxPickleDepth = 256;
 
-void check_pickle(const std::string& pickle);
+/// Each storage's location as the pickle names it ("cpu", "cuda:0"), by its record key ("0" for data/0).
+using StorageLocations = std::map<std::string, std::string>;
+
+/// Refuses the pickle (c10::Error) or returns where its storages were saved.
+StorageLocations check_pickle(const std::string& pickle, PickleSource source = PickleSource::kTorchSave);
 
 /// Bytes of the argument of opcode `op` that starts at `at` (after the opcode byte); refuses opcodes
 /// check_pickle() does not accept and arguments whose length runs past the end.

@@ -21,8 +21,8 @@
 // ...]}]}, parameters numbered in order); GradScaler.state_dict()'s five keys (plus ampp's counters,
 // which PyTorch ignores). See docs/training.md.
 #include <ampp/scaling/grad_scaler.h>
+#include <ampp/util/state_dict.h>
 
-#include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -31,19 +31,19 @@
 
 namespace ampp {
 
-/// A str-keyed dict of any values (what Python's dict of a checkpoint is).
-c10::impl::GenericDict make_pytorch_dict();
+/// An empty state dict (util/state_dict.h), for a checkpoint's top level.
+StateDict make_pytorch_dict();
 
 /// torch.nn.Module.state_dict() of `module`: every parameter and buffer by module path; floating
 /// tensors as float32 copies, others (BatchNorm's num_batches_tracked) as they are.
-c10::impl::GenericDict module_state_dict(const torch::nn::Module& module);
+StateDict module_state_dict(const torch::nn::Module& module);
 
 /// torch.optim's state_dict() of an SGD, Adam or AdamW optimizer (other types: an error naming them).
-c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer);
+StateDict optimizer_state_dict(const torch::optim::Optimizer& optimizer);
 
 /// GradScaler.state_dict(): "scale", "growth_factor", "backoff_factor" (float), "growth_interval",
 /// "_growth_tracker" (int), plus "_ampp_*" counters.
-c10::impl::GenericDict scaler_state_dict(const GradScaler& scaler);
+StateDict scaler_state_dict(const GradScaler& scaler);
 
 /// Writes `object` as torch.save does (zip container, pickle protocol 2, tensors as storages), without
 /// TorchScript's type tags, which weights_only loading refuses. Atomic: the file is whole or absent.

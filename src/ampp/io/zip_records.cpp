@@ -11,6 +11,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
 
 namespace ampp::detail {
 namespace zip_format {
@@ -55,11 +58,23 @@ void apply_zip64_extra(const std::string& extra, uint64_t& size, uint64_t& compr
 
 using namespace zip_format;
 
-ZipRecords::ZipRecords(const std::string& path) : path_(path), in_(path, std::ios::binary) {
-  TORCH_CHECK(in_, "cannot open the file");
-  in_.seekg(0, std::ios::end);
-  file_size_ = static_cast<uint64_t>(in_.tellg());
+ZipRecords::ZipRecords(const std::string& path) : ZipRecords(std::make_unique<std::ifstream>(path, std::ios::binary)) {}
+
+ZipRecords ZipRecords::of_bytes(std::string bytes) {
+  return ZipRecords(std::make_unique<std::istringstream>(std::move(bytes), std::ios::binary));
+}
+
+ZipRecords::ZipRecords(std::unique_ptr<std::istream> in) : in_(std::move(in)) {
+  TORCH_CHECK(*in_, "cannot open the file");
+  in_->seekg(0, std::ios::end);
+  file_size_ = static_cast<uint64_t>(in_->tellg());
   read_directory();
+}
+
+std::vector<std::string> ZipRecords::names() const {
+  std::vector<std::string> out;
+  for (const auto& entry : entries_) out.push_back(entry.first);
+  return out;
 }
 
 void ZipRecords::fail(const std::string& what) const { TORCH_CHECK(false, what); }
@@ -69,9 +84,9 @@ std::string ZipRecords::bytes_at(uint64_t offset, uint64_t n) {
     fail("a zip structure at byte " + std::to_string(offset) + " runs past the end of the " +
          std::to_string(file_size_) + "-byte file (truncated?)");
   std::string bytes(n, '\0');
-  in_.seekg(static_cast<std::streamoff>(offset));
-  in_.read(bytes.data(), static_cast<std::streamsize>(n));
-  if (!in_) fail("reading " + std::to_string(n) + " bytes at byte " + std::to_string(offset) + " failed");
+  in_->seekg(static_cast<std::streamoff>(offset));
+  in_->read(bytes.data(), static_cast<std::streamsize>(n));
+  if (!*in_) fail("reading " + std::to_string(n) + " bytes at byte " + std::to_string(offset) + " failed");
   return bytes;
 }
 
@@ -108,12 +123,16 @@ void ZipRecords::read_directory() {
       fail("zip directory entry " + std::to_string(i) + " runs past the directory");
     const std::string name = central.substr(at + kCentralSize, name_length);
     if (le(central, at + 8, 2) & 1) fail("entry '" + name + "' is encrypted");
-    if (le(central, at + 10, 2) != 0)
-      fail("entry '" + name + "' is compressed (torch.save stores records as they are)");
+    const uint64_t method = le(central, at + 10, 2);
+    if (method != 0 && method != 8)
+      fail("entry '" + name + "' is compressed with method " + std::to_string(method) +
+           " (ampp reads stored and deflated records)");
     uint64_t size = le(central, at + 24, 4), compressed = le(central, at + 20, 4), offset = le(central, at + 42, 4);
     apply_zip64_extra(central.substr(at + kCentralSize + name_length, extra_length), size, compressed, offset);
-    if (size != compressed) fail("entry '" + name + "' declares two different sizes");
-    add_entry(name, Entry{offset, size, static_cast<uint32_t>(le(central, at + 16, 4))});
+    if (method == 0 && size != compressed) fail("entry '" + name + "' declares two different sizes");
+    if (method == 8 && (size > kMaxInflatedBytes || compressed > kMaxInflatedBytes))
+      fail("deflated entry '" + name + "' declares " + std::to_string(size) + " bytes, more than a text record holds");
+    add_entry(name, Entry{offset, size, compressed, method == 8, static_cast<uint32_t>(le(central, at + 16, 4))});
     at += kCentralSize + name_length + extra_length + comment_length;
   }
   if (entries_.empty()) fail("the zip archive is empty");
@@ -125,8 +144,8 @@ void ZipRecords::add_entry(const std::string& full_name, const Entry& entry) {
   if (prefix_.empty()) prefix_ = full_name.substr(0, slash + 1);
   if (full_name.compare(0, prefix_.size(), prefix_) != 0)
     fail("entries '" + prefix_ + "...' and '" + full_name + "' are in different top folders");
-  if (entry.header_offset > file_size_ || entry.size > file_size_ - entry.header_offset)
-    fail("entry '" + full_name + "' declares " + std::to_string(entry.size) + " bytes, more than the file holds");
+  if (entry.header_offset > file_size_ || entry.stored > file_size_ - entry.header_offset)
+    fail("entry '" + full_name + "' declares " + std::to_string(entry.stored) + " bytes, more than the file holds");
   if (!entries_.emplace(full_name.substr(prefix_.size()), entry).second)
     fail("entry '" + full_name + "' appears twice");
 }
@@ -145,16 +164,35 @@ at::DataPtr ZipRecords::read(const std::string& name, size_t& size) {
   if (it == entries_.end()) fail("it has no record '" + prefix_ + name + "'");
   const Entry& entry = it->second;
   const uint64_t offset = data_offset(name, entry);
-  if (offset > file_size_ || entry.size > file_size_ - offset)
+  if (offset > file_size_ || entry.stored > file_size_ - offset)
     fail("record '" + name + "' runs past the end of the file (truncated?)");
   at::DataPtr data = c10::GetCPUAllocator()->allocate(entry.size);
-  in_.seekg(static_cast<std::streamoff>(offset));
-  in_.read(static_cast<char*>(data.get()), static_cast<std::streamsize>(entry.size));
-  if (!in_) fail("reading record '" + name + "' failed");
+  if (entry.deflated) {
+    inflate_into(name, bytes_at(offset, entry.stored), static_cast<char*>(data.get()), entry.size);
+  } else {
+    in_->seekg(static_cast<std::streamoff>(offset));
+    in_->read(static_cast<char*>(data.get()), static_cast<std::streamsize>(entry.size));
+    if (!*in_) fail("reading record '" + name + "' failed");
+  }
   if (crc32_of(static_cast<const char*>(data.get()), entry.size) != entry.crc32)
     fail("record '" + name + "' is corrupted (its CRC-32 does not match the zip directory)");
   size = entry.size;
   return data;
+}
+
+// Raw deflate (zip method 8) into exactly `size` bytes: the stream must end there, having used all its input.
+void ZipRecords::inflate_into(const std::string& name, const std::string& deflated, char* out, uint64_t size) {
+  z_stream z{};
+  if (inflateInit2(&z, -MAX_WBITS) != Z_OK) fail("zlib cannot start inflating record '" + name + "'");
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(deflated.data()));
+  z.avail_in = static_cast<uInt>(deflated.size());
+  z.next_out = reinterpret_cast<Bytef*>(out);
+  z.avail_out = static_cast<uInt>(size);
+  const int status = inflate(&z, Z_FINISH);
+  const bool whole = status == Z_STREAM_END && z.avail_in == 0 && z.total_out == size;
+  inflateEnd(&z);
+  if (!whole)
+    fail("deflated record '" + name + "' does not inflate to the " + std::to_string(size) + " bytes it declares");
 }
 
 std::string ZipRecords::read_string(const std::string& name) {

@@ -1,0 +1,103 @@
+// read_archive() (archive_reader.h): an archive's module tree rebuilt from its data.pkl without compiling
+// its code/, then exported by LibTorch and loaded from those trusted bytes.
+#include <ampp/io/archive_reader.h>
+
+#include "archive_classes.h"
+#include "pickle_guard.h"
+#include "records_unpickler.h"
+#include "zip_records.h"
+
+#include <torch/csrc/jit/api/module.h>
+
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <utility>
+
+namespace ampp {
+namespace {
+
+// Resolves the module classes data.pkl names to fresh class types, and builds each module object from
+// the attribute dict the pickle gives it, typed by its values.
+class ModuleTreeBuilder {
+ public:
+  explicit ModuleTreeBuilder(detail::ArchiveClasses classes)
+      : classes_(std::move(classes)), unit_(std::make_shared<torch::jit::CompilationUnit>()) {}
+
+  c10::StrongTypePtr resolve(const c10::QualifiedName& name) {
+    const auto known = types_.find(name.qualifiedName());
+    if (known != types_.end()) return {unit_, known->second};
+    TORCH_CHECK(classes_.count(name.qualifiedName()), "data.pkl builds a ", name.qualifiedName(),
+                ", which no code/ record of the archive declares");
+    auto type = c10::ClassType::create(name, unit_, /*is_module=*/true);
+    unit_->register_type(type);
+    types_.emplace(name.qualifiedName(), type);
+    return {unit_, type};
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Object> build(const c10::StrongTypePtr& strong, const c10::IValue& state) {
+    const auto type = strong.type_->expect<c10::ClassType>();
+    const std::string name = type->name()->qualifiedName();
+    TORCH_CHECK(state.isGenericDict(), "module ", name, " is built from a ", state.tagKind(), ", not a dict");
+    const auto& declared = classes_.at(name);
+    const auto attributes = state.toGenericDict();
+    auto object = c10::ivalue::Object::create(strong, attributes.size());
+    for (const auto& item : attributes) {
+      TORCH_CHECK(item.key().isString(), "module ", name, " has an attribute named by a ", item.key().tagKind());
+      const std::string& key = item.key().toStringRef();
+      const bool parameter = declared.parameters.count(key) > 0, buffer = declared.buffers.count(key) > 0;
+      TORCH_CHECK(!(parameter || buffer) || item.value().isTensor(), "module ", name, " declares '", key,
+                  "' a parameter or buffer, but it holds a ", item.value().tagKind());
+      const size_t slot = type->addOrCheckAttribute(key, c10::unshapedType(item.value().type()), parameter, buffer);
+      object->setSlot(slot, item.value());
+    }
+    TORCH_CHECK(type->numAttributes() == attributes.size(), "two modules of class ", name,
+                " hold different attributes");
+    return object;
+  }
+
+ private:
+  detail::ArchiveClasses classes_;
+  std::shared_ptr<torch::jit::CompilationUnit> unit_;
+  std::map<std::string, c10::ClassTypePtr> types_;
+};
+
+torch::jit::Module module_tree(detail::ZipRecords& zip) {
+  ModuleTreeBuilder builder(detail::archive_classes(zip));
+  const std::string pickle = zip.read_string("data.pkl");
+  const auto locations = detail::check_pickle(pickle, detail::PickleSource::kArchive);
+  detail::UnpickleOptions options;
+  options.types = [&](const c10::QualifiedName& name) { return builder.resolve(name); };
+  options.objects = [&](const c10::StrongTypePtr& type, c10::IValue state) { return builder.build(type, state); };
+  options.locations = &locations;
+  const c10::IValue root = detail::unpickle_with_records(zip, pickle, std::move(options));
+  TORCH_CHECK(root.isObject() && root.toObjectRef().type()->is_module(),
+              "data.pkl holds a ", root.tagKind(), ", not an archive's module");
+  return torch::jit::Module(root.toObject());
+}
+
+}  // namespace
+
+void read_archive(torch::serialize::InputArchive& archive, std::string bytes) {
+  auto zip = detail::ZipRecords::of_bytes(std::move(bytes));
+  const torch::jit::Module tree = module_tree(zip);
+  std::ostringstream exported;
+  tree.save(exported);
+  const std::string trusted = exported.str();
+  archive.load_from(trusted.data(), trusted.size());
+}
+
+void read_archive_file(torch::serialize::InputArchive& archive, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in, "cannot open '", path, "' to read an archive");
+  try {
+    read_archive(archive, std::string(std::istreambuf_iterator<char>(in), {}));
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    TORCH_CHECK(false, "cannot read '", path, "' as a torch::serialize archive: ", what.substr(0, what.find('\n')));
+  }
+}
+
+}  // namespace ampp

@@ -1,0 +1,150 @@
+// torch::serialize archives from outside are untrusted: read_archive() loads what OutputArchive wrote,
+// exactly, without compiling the archive's TorchScript, and refuses what the pickle guard refuses.
+#include <ampp/io/archive_reader.h>
+#include <ampp/util/archive_bytes.h>
+
+#include "ampp/io/zip_records.h"
+#include "ampp_test.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+
+namespace {
+
+using ::testing::HasSubstr;
+
+// An archive with what ampp's checkpoints hold: parameters, buffers, nested archives, numbers, strings and
+// typed lists.
+std::string sample_archive() {
+  torch::serialize::OutputArchive root, nested;
+  root.write("weight", torch::arange(6, torch::kFloat).reshape({2, 3}));
+  root.write("running_mean", torch::full({3}, 0.5), /*is_buffer=*/true);
+  root.write("step", c10::IValue(int64_t{42}));
+  root.write("scale", c10::IValue(65536.0));
+  root.write("name", c10::IValue(std::string("gpt-small")));
+  nested.write("masters", c10::IValue(c10::List<at::Tensor>({torch::ones({2}), torch::zeros({3}, torch::kDouble)})));
+  nested.write("rng", torch::arange(8, torch::kByte));
+  root.write("amp", nested);
+  return ampp::archive_bytes(root);
+}
+
+// `bytes` with each record passed through `edit(name, content)`, written by LibTorch's zip writer.
+std::string rewritten(const std::string& bytes,
+                      const std::function<std::string(const std::string&, std::string)>& edit) {
+  auto zip = ampp::detail::ZipRecords::of_bytes(bytes);
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  for (const std::string& name : zip.names()) {
+    if (name == "version" || name == ".data/version" || name == ".data/serialization_id" || name == "byteorder")
+      continue;  // the writer adds its own
+    const std::string content = edit(name, zip.read_string(name));
+    writer.writeRecord(name, content.data(), content.size());
+  }
+  writer.writeEndOfFile();
+  return out;
+}
+
+std::string read_error(const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  return ampp_test::error_of([&] { ampp::read_archive(archive, bytes); });
+}
+
+}  // namespace
+
+TEST(ArchiveReader, ReadsWhatOutputArchiveWroteExactly) {
+  torch::serialize::InputArchive in;
+  ampp::read_archive(in, sample_archive());
+  torch::Tensor weight, mean;
+  in.read("weight", weight);
+  in.read("running_mean", mean, /*is_buffer=*/true);
+  EXPECT_TRUE(torch::equal(weight, torch::arange(6, torch::kFloat).reshape({2, 3})));
+  EXPECT_TRUE(torch::equal(mean, torch::full({3}, 0.5)));
+  c10::IValue step, scale, name;
+  in.read("step", step);
+  in.read("scale", scale);
+  in.read("name", name);
+  EXPECT_EQ(step.toInt(), 42);
+  EXPECT_EQ(scale.toDouble(), 65536.0);
+  EXPECT_EQ(name.toStringRef(), "gpt-small");
+  torch::serialize::InputArchive amp;
+  in.read("amp", amp);
+  c10::IValue masters;
+  amp.read("masters", masters);
+  ASSERT_EQ(masters.toTensorList().size(), 2u);
+  EXPECT_TRUE(torch::equal(masters.toTensorList().get(1), torch::zeros({3}, torch::kDouble)));
+  torch::Tensor rng;
+  amp.read("rng", rng);
+  EXPECT_TRUE(torch::equal(rng, torch::arange(8, torch::kByte)));
+  // Parameters and buffers read as LibTorch's own loader reads them, either way round.
+  const std::string bytes = sample_archive();
+  torch::serialize::InputArchive libtorch;
+  libtorch.load_from(bytes.data(), bytes.size());
+  for (const std::string key : {"weight", "running_mean"})
+    for (const bool is_buffer : {false, true}) {
+      torch::Tensor ours, theirs;
+      const std::string our_error = ampp_test::error_of([&] { in.read(key, ours, is_buffer); });
+      const std::string their_error = ampp_test::error_of([&] { libtorch.read(key, theirs, is_buffer); });
+      EXPECT_EQ(our_error.empty(), their_error.empty()) << key << " " << is_buffer << ": " << our_error;
+      if (our_error.empty() && their_error.empty()) EXPECT_TRUE(torch::equal(ours, theirs));
+    }
+}
+
+TEST(ArchiveReader, NeverCompilesTheArchivesCode) {
+  // Code that LibTorch's loader compiles and rejects: read_archive() reads only the declarations.
+  const std::string bytes = rewritten(sample_archive(), [](const std::string& name, std::string content) {
+    if (name == "code/__torch__.py") content += "  def forward(self) -> Tensor:\n    return undefined_name(\n";
+    return content;
+  });
+  torch::serialize::InputArchive libtorch;
+  EXPECT_FALSE(ampp_test::error_of([&] { libtorch.load_from(bytes.data(), bytes.size()); }).empty());
+  torch::serialize::InputArchive in;
+  ampp::read_archive(in, bytes);
+  c10::IValue step;
+  in.read("step", step);
+  EXPECT_EQ(step.toInt(), 42);
+}
+
+TEST(ArchiveReader, AGlobalOtherThanTheArchivesModulesIsRefused) {
+  const std::string bytes = rewritten(sample_archive(), [](const std::string& name, std::string content) {
+    const std::string module = "c__torch__\nModule\n";
+    const size_t at = content.find(module);
+    if (name == "data.pkl" && at != std::string::npos) content.replace(at, module.size(), "cos\nsystem\n");
+    return content;
+  });
+  EXPECT_THAT(read_error(bytes), HasSubstr("the pickle calls os.system, which ampp does not load"));
+}
+
+TEST(ArchiveReader, AModuleClassWithoutADeclarationIsRefused) {
+  const std::string bytes = rewritten(sample_archive(), [](const std::string& name, std::string content) {
+    return name == "code/__torch__.py" ? std::string("# nothing declared here\n") : content;
+  });
+  EXPECT_THAT(read_error(bytes), HasSubstr("data.pkl builds a __torch__.Module, which no code/ record"));
+}
+
+TEST(ArchiveReader, AParameterThatIsNotATensorIsRefused) {
+  const std::string bytes = rewritten(sample_archive(), [](const std::string& name, std::string content) {
+    const std::string list = "__parameters__ = [";
+    const size_t at = content.find(list);
+    if (name == "code/__torch__.py" && at != std::string::npos) content.insert(at + list.size(), "\"step\", ");
+    return content;
+  });
+  EXPECT_THAT(read_error(bytes), HasSubstr("declares 'step' a parameter or buffer, but it holds a Int"));
+}
+
+TEST(ArchiveReader, TruncatedOrCorruptedBytesAreOneLineErrors) {
+  const std::string good = sample_archive();
+  for (size_t keep : {size_t{0}, size_t{10}, good.size() / 2, good.size() - 1}) {
+    const std::string message = read_error(good.substr(0, keep));
+    EXPECT_FALSE(message.empty()) << keep;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  std::string flipped = good;
+  flipped[good.find("gpt-small")] ^= 1;
+  EXPECT_THAT(read_error(flipped), HasSubstr("is corrupted (its CRC-32 does not match"));
+}
