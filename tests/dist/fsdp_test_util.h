@@ -51,7 +51,7 @@ inline Stack make_stack(int seed, bool units = true) {
 }
 
 // Every parameter of a full state dict, in named_parameters() order of `model`, flattened.
-inline torch::Tensor flat_state(const c10::impl::GenericDict& state, const torch::nn::Module& model) {
+inline torch::Tensor flat_state(const ampp::StateDict& state, const torch::nn::Module& model) {
   std::vector<torch::Tensor> parts;
   for (const auto& p : model.named_parameters()) parts.push_back(state.at(p.key()).toTensor().reshape(-1));
   return torch::cat(parts);

@@ -262,8 +262,9 @@ TEST(FullyShard, FullCheckpointsMoveBetweenWorldSizesAndPlainModules) {
 }
 
 // Every state tensor of one optimizer state dict equal, bit for bit, to the other's (and "step" alike).
-void expect_same_optimizer_state(const c10::impl::GenericDict& actual, const c10::impl::GenericDict& expected) {
-  const auto a = actual.at("state").toGenericDict(), e = expected.at("state").toGenericDict();
+void expect_same_optimizer_state(const c10::IValue& actual, const c10::IValue& expected) {
+  const auto a = actual.toGenericDict().at("state").toGenericDict();
+  const auto e = expected.toGenericDict().at("state").toGenericDict();
   ASSERT_EQ(a.size(), e.size());
   for (const auto& item : e) {
     const auto mine = a.at(item.key()).toGenericDict(), theirs = item.value().toGenericDict();
