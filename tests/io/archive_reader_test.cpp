@@ -124,7 +124,9 @@ TEST(ArchiveReader, AModuleClassWithoutADeclarationIsRefused) {
   const std::string bytes = rewritten(sample_archive(), [](const std::string& name, std::string content) {
     return name == "code/__torch__.py" ? std::string("# nothing declared here\n") : content;
   });
-  EXPECT_THAT(read_error(bytes), HasSubstr("data.pkl builds a __torch__.Module, which no code/ record"));
+  EXPECT_THAT(read_error(bytes),
+              HasSubstr("data.pkl builds a '__torch__.Module', which is neither a container type nor a "
+                        "module class the archive declares in code/"));
 }
 
 TEST(ArchiveReader, AParameterThatIsNotATensorIsRefused) {

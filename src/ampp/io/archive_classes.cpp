@@ -61,8 +61,8 @@ void declare(const std::string& module, const std::string& code, ArchiveClasses&
 ArchiveClasses archive_classes(ZipRecords& zip) {
   ArchiveClasses classes;
   for (const std::string& record : zip.names()) {
-    const bool source = record.size() > 8 && record.compare(0, 5, "code/") == 0 &&
-                        record.compare(record.size() - 3, 3, ".py") == 0;
+    const bool source =
+        record.size() > 8 && record.compare(0, 5, "code/") == 0 && record.compare(record.size() - 3, 3, ".py") == 0;
     if (!source) continue;
     const std::string code = zip.read_string(record);
     TORCH_CHECK(code.size() <= kMaxDeclarationBytes, "record '", record, "' holds ", code.size(),

@@ -8,6 +8,11 @@
 #include "zip_records.h"
 
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/mobile/type_parser.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
 
 #include <fstream>
 #include <iterator>
@@ -19,6 +24,25 @@
 namespace ampp {
 namespace {
 
+// The type of a tagged container ("Dict[str, Tensor]", "List[int]"), parsed by LibTorch's type parser as
+// the unpickler would, once the string is known to name no class and to nest shallowly: that parser
+// recurses on the nesting.
+c10::TypePtr container_type(const std::string& text) {
+  size_t depth = 0, deepest = 0;
+  for (const char c : text) {
+    TORCH_CHECK(std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_[], ", c) != nullptr,
+                "data.pkl builds a '", text.substr(0, 80),
+                "', which is neither a container type nor a module class "
+                "the archive declares in code/");
+    depth += c == '[';
+    depth -= c == ']' && depth > 0;
+    deepest = std::max(deepest, depth);
+  }
+  TORCH_CHECK(text.size() <= 256 && deepest <= 8, "data.pkl tags a container with a type nested ", deepest, " deep (",
+              text.size(), " characters); ampp's archives nest a few levels");
+  return c10::parseType(text);
+}
+
 // Resolves the module classes data.pkl names to fresh class types, and builds each module object from
 // the attribute dict the pickle gives it, typed by its values.
 class ModuleTreeBuilder {
@@ -29,8 +53,7 @@ class ModuleTreeBuilder {
   c10::StrongTypePtr resolve(const c10::QualifiedName& name) {
     const auto known = types_.find(name.qualifiedName());
     if (known != types_.end()) return {unit_, known->second};
-    TORCH_CHECK(classes_.count(name.qualifiedName()), "data.pkl builds a ", name.qualifiedName(),
-                ", which no code/ record of the archive declares");
+    if (!classes_.count(name.qualifiedName())) return {unit_, container_type(name.qualifiedName())};
     auto type = c10::ClassType::create(name, unit_, /*is_module=*/true);
     unit_->register_type(type);
     types_.emplace(name.qualifiedName(), type);
@@ -73,8 +96,8 @@ torch::jit::Module module_tree(detail::ZipRecords& zip) {
   options.objects = [&](const c10::StrongTypePtr& type, c10::IValue state) { return builder.build(type, state); };
   options.locations = &locations;
   const c10::IValue root = detail::unpickle_with_records(zip, pickle, std::move(options));
-  TORCH_CHECK(root.isObject() && root.toObjectRef().type()->is_module(),
-              "data.pkl holds a ", root.tagKind(), ", not an archive's module");
+  TORCH_CHECK(root.isObject() && root.toObjectRef().type()->is_module(), "data.pkl holds a ", root.tagKind(),
+              ", not an archive's module");
   return torch::jit::Module(root.toObject());
 }
 
