@@ -102,7 +102,7 @@ void save(Gan& gan, const ampp::Amp& amp, int64_t epochs_done, const std::string
   archive.write("d", d);
   archive.write("opt_g", opt_g);
   archive.write("opt_d", opt_d);
-  for (const auto& [key, value] : amp.state_dict()) archive.write("amp." + key, value);
+  for (const auto& item : amp.state_dict()) archive.write("amp." + item.key(), item.value());
   archive.write("epochs_done", c10::IValue(epochs_done));
   archive.save_to(path + ".part");
   std::filesystem::rename(path + ".part", path);  // never half-written
@@ -111,7 +111,7 @@ void save(Gan& gan, const ampp::Amp& amp, int64_t epochs_done, const std::string
 // After initialize (as apex: the model and optimizers, then the amp state); returns the epochs done.
 int64_t load(Gan& gan, ampp::Amp& amp, const std::string& path) {
   torch::serialize::InputArchive archive;
-  archive.load_from(path);
+  ampp::read_archive_file(archive, path);  // checked, as a file from elsewhere should be
   torch::serialize::InputArchive g, d, opt_g, opt_d;
   archive.read("g", g);
   archive.read("d", d);
@@ -121,9 +121,11 @@ int64_t load(Gan& gan, ampp::Amp& amp, const std::string& path) {
   archive.read("opt_d", opt_d);
   gan.opt_g.load(opt_g);
   gan.opt_d.load(opt_d);
-  ampp::AmpStateDict state;
-  for (const auto& key : archive.keys())
-    if (key.rfind("amp.", 0) == 0) archive.read(key, state[key.substr(4)]);
+  ampp::StateDict state = ampp::make_state_dict();
+  for (const auto& key : archive.keys()) {
+    c10::IValue value;
+    if (key.rfind("amp.", 0) == 0 && archive.try_read(key, value)) state.insert(key.substr(4), value);
+  }
   amp.load_state_dict(state);
   c10::IValue epochs_done;
   archive.read("epochs_done", epochs_done);

@@ -191,8 +191,8 @@ TEST(StateDict, O2RoundTripKeepsMastersAndModelInSync) {
   torch::save(a, model_buf);
   torch::save(opt_a, opt_buf);
   const auto amp_sd = amp_a.state_dict();
-  ASSERT_TRUE(amp_sd.count("loss_scaler0"));
-  ASSERT_TRUE(amp_sd.count("master_params"));
+  ASSERT_TRUE(amp_sd.contains("loss_scaler0"));
+  ASSERT_TRUE(amp_sd.contains("master_params"));
   EXPECT_EQ(amp_sd.at("loss_scaler0").toGenericDict().at("loss_scale").toDouble(), 65536.0);
   EXPECT_EQ(amp_sd.at("loss_scaler0").toGenericDict().at("unskipped").toInt(), 3);
 
@@ -235,12 +235,12 @@ TEST(StateDict, BadDictsAreRejected) {
   torch::optim::SGD opt(net->parameters(), 0.1);
   auto o2 = ampp::initialize(net, opt, Properties("O2").verbosity(0));
   auto sd = o2.state_dict();
-  sd["bogus"] = 1.0;
+  sd.insert("bogus", 1.0);
   AMPP_EXPECT_THROW_WITH(o2.load_state_dict(sd), "Unexpected key(s) in state_dict: bogus");
   sd.erase("bogus");
   auto masters = sd.at("master_params").toTensorVector();
   masters.pop_back();
-  sd["master_params"] = masters;
+  sd.insert_or_assign("master_params", masters);
   AMPP_EXPECT_THROW_WITH(o2.load_state_dict(sd), "Was it saved from a different model?");
 
   RefCnn other(kSide);

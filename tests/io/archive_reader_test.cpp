@@ -9,7 +9,9 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
 
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 
 namespace {
@@ -129,6 +131,17 @@ TEST(ArchiveReader, AModuleClassWithoutADeclarationIsRefused) {
                         "module class the archive declares in code/"));
 }
 
+// An attribute's name is written into the code LibTorch's exporter generates: one that could end its
+// string or line there is refused.
+TEST(ArchiveReader, AnAttributeNameThatCouldBreakOutOfTheGeneratedCodeIsRefused) {
+  const std::string bytes = rewritten(sample_archive(), [](const std::string& name, std::string content) {
+    const size_t at = content.find("weight");
+    if (name == "data.pkl" && at != std::string::npos) content.replace(at, 6, "we\"\nht");
+    return content;
+  });
+  EXPECT_THAT(read_error(bytes), HasSubstr("has an attribute named 'we\"?ht': names are letters, digits and"));
+}
+
 TEST(ArchiveReader, AParameterThatIsNotATensorIsRefused) {
   const std::string bytes = rewritten(sample_archive(), [](const std::string& name, std::string content) {
     const std::string list = "__parameters__ = [";
@@ -149,4 +162,67 @@ TEST(ArchiveReader, TruncatedOrCorruptedBytesAreOneLineErrors) {
   std::string flipped = good;
   flipped[good.find("gpt-small")] ^= 1;
   EXPECT_THAT(read_error(flipped), HasSubstr("is corrupted (its CRC-32 does not match"));
+}
+
+namespace {
+
+// Whether two values read from archives are the same: tensors by value, containers item by item.
+bool same_value(const c10::IValue& a, const c10::IValue& b) {
+  if (a.tagKind() != b.tagKind()) return false;
+  if (a.isTensor()) return a.toTensor().sizes() == b.toTensor().sizes() && torch::equal(a.toTensor(), b.toTensor());
+  if (a.isList()) {
+    const auto x = a.toListRef(), y = b.toListRef();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!same_value(x[i], y[i])) return false;
+    return true;
+  }
+  if (a.isGenericDict()) {
+    const auto x = a.toGenericDict(), y = b.toGenericDict();
+    if (x.size() != y.size()) return false;
+    for (const auto& item : x)
+      if (!y.contains(item.key()) || !same_value(item.value(), y.at(item.key()))) return false;
+    return true;
+  }
+  if (a.isInt() || a.isDouble() || a.isBool() || a.isString() || a.isNone()) return a == b;
+  ADD_FAILURE() << "a value of kind " << a.tagKind() << " in the archive";
+  return false;
+}
+
+// Every key of `ours` holds what `theirs` (LibTorch's own reading) holds, nested archives too; returns the
+// number of values compared.
+size_t expect_same_archive(torch::serialize::InputArchive& ours, torch::serialize::InputArchive& theirs,
+                           const std::string& where) {
+  EXPECT_EQ(ours.keys(), theirs.keys()) << where;
+  size_t compared = 0;
+  for (const std::string& key : theirs.keys()) {
+    torch::serialize::InputArchive our_child, their_child;
+    if (theirs.try_read(key, their_child)) {
+      EXPECT_TRUE(ours.try_read(key, our_child)) << where << key << " is not a nested archive";
+      compared += expect_same_archive(our_child, their_child, where + key + ".");
+      continue;
+    }
+    c10::IValue mine, theirs_value;
+    theirs.read(key, theirs_value);
+    EXPECT_TRUE(ours.try_read(key, mine)) << where << key;
+    EXPECT_TRUE(same_value(mine, theirs_value)) << where << key;
+    ++compared;
+  }
+  return compared;
+}
+
+}  // namespace
+
+// A whole training checkpoint that ampp train wrote (the fuzz seed step_7.ampp: model, optimizer, amp,
+// sampler and trainer archives) reads as LibTorch's own loader reads it, value for value.
+TEST(ArchiveReader, ATrainingCheckpointReadsAsLibTorchReadsIt) {
+  std::ifstream in(std::string(AMPP_FUZZ_CORPUS_DIR) + "/ampp_checkpoint/step_7.ampp", std::ios::binary);
+  ASSERT_TRUE(in);
+  const std::string seed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(seed.substr(1, 8), "AMPPCKPT") << "a first byte of 1, then a whole checkpoint.ampp";
+  const std::string archive = seed.substr(1 + 32);  // past the fuzz flag and the container's header
+  torch::serialize::InputArchive ours, theirs;
+  ampp::read_archive(ours, archive);
+  theirs.load_from(archive.data(), archive.size());
+  EXPECT_GT(expect_same_archive(ours, theirs, ""), 10u);
 }

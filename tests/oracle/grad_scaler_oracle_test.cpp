@@ -186,15 +186,15 @@ bool compare_set(const OptionSet& o, const std::vector<torch::Tensor>& init, con
     if (it == state.end()) continue;
     const std::string type = oracle.at("state_dict_types").at(key).get<std::string>();
     if (type == "float") {
-      EXPECT_TRUE(it->second.isDouble()) << "ampp's is " << it->second.tagKind();
-      if (it->second.isDouble()) {
-        EXPECT_EQ(double_bits(it->second.toDouble()), value.get<uint64_t>())
-            << "ampp " << it->second.toDouble() << ", torch " << bits_double(value.get<uint64_t>());
+      EXPECT_TRUE(it->value().isDouble()) << "ampp's is " << it->value().tagKind();
+      if (it->value().isDouble()) {
+        EXPECT_EQ(double_bits(it->value().toDouble()), value.get<uint64_t>())
+            << "ampp " << it->value().toDouble() << ", torch " << bits_double(value.get<uint64_t>());
       }
     } else {
-      EXPECT_TRUE(it->second.isInt()) << "ampp's is " << it->second.tagKind();
-      if (it->second.isInt()) {
-        EXPECT_EQ(it->second.toInt(), value.get<int64_t>());
+      EXPECT_TRUE(it->value().isInt()) << "ampp's is " << it->value().tagKind();
+      if (it->value().isInt()) {
+        EXPECT_EQ(it->value().toInt(), value.get<int64_t>());
       }
     }
   }

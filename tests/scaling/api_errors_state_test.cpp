@@ -174,10 +174,10 @@ TEST(Errors, UpdateWithNonPositiveNewScale) {
 
 TEST(Errors, LoadingAnEmptyOrIncompleteStateDict) {
   GradScaler scaler;
-  AMPP_EXPECT_THROW_WITH(scaler.load_state_dict({}),
+  AMPP_EXPECT_THROW_WITH(scaler.load_state_dict(ampp::make_state_dict()),
                          "The source state dict is empty, possibly because it was saved from a disabled "
                          "instance of GradScaler.");
-  ampp::GradScalerStateDict partial{{"scale", 2.0}};
+  const auto partial = ampp::make_state_dict({{"scale", 2.0}});
   AMPP_EXPECT_THROW_WITH(scaler.load_state_dict(partial), "key \"growth_factor\" is missing");
 }
 
@@ -192,7 +192,7 @@ TEST(StateDict, HasPyTorchsKeysAndTypes) {
   GradScaler scaler(GradScalerOptions().init_scale(8).growth_interval(3));
   trajectory(scaler, "FFFFNF");
   const auto sd = scaler.state_dict();
-  ASSERT_EQ(sd.count("scale"), 1u);
+  ASSERT_TRUE(sd.contains("scale"));
   EXPECT_TRUE(sd.at("scale").isDouble());
   EXPECT_EQ(sd.at("scale").toDouble(), scaler.get_scale());
   EXPECT_EQ(sd.at("growth_factor").toDouble(), 2.0);
@@ -236,11 +236,11 @@ TEST(StateDict, LoadIntoALiveScalerOverwritesTheTensors) {
 }
 
 TEST(StateDict, PyTorchOnlyKeysLoad) {
-  ampp::GradScalerStateDict sd{{"scale", 512.0},
-                               {"growth_factor", 4.0},
-                               {"backoff_factor", 0.25},
-                               {"growth_interval", int64_t{2}},
-                               {"_growth_tracker", int64_t{1}}};
+  const auto sd = ampp::make_state_dict({{"scale", 512.0},
+                                         {"growth_factor", 4.0},
+                                         {"backoff_factor", 0.25},
+                                         {"growth_interval", int64_t{2}},
+                                         {"_growth_tracker", int64_t{1}}});
   GradScaler scaler;
   scaler.load_state_dict(sd);
   EXPECT_EQ(trajectory(scaler, "FN"), (std::vector<ampp_test::Point>{{2048, 0}, {512, 0}}));

@@ -19,7 +19,7 @@ std::string state_of(const GradScaler& s) {
   std::ostringstream out;
   out << "scale " << s.get_scale() << " tracker " << s.get_growth_tracker() << " hysteresis " << s.hysteresis_tracker()
       << " skipped " << s.skipped_steps() << " in a row " << s.consecutive_overflows();
-  for (const auto& [key, value] : s.state_dict()) out << " " << key << "=" << value;
+  for (const auto& item : s.state_dict()) out << " " << item.key() << "=" << item.value();
   return out.str();
 }
 

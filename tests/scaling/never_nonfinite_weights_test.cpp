@@ -70,7 +70,7 @@ TEST(NeverNonFiniteWeights, ScalesBelowTheFloorAreRefused) {
   t.iterate(scaler, false);
   AMPP_EXPECT_THROW_WITH(scaler.update(1e-39), ">= 2^-126");
   auto state = scaler.state_dict();
-  state["scale"] = 1e-40;
+  state.insert_or_assign("scale", 1e-40);
   AMPP_EXPECT_THROW_WITH(scaler.load_state_dict(state), "below 2^-126");
 }
 

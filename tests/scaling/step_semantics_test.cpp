@@ -215,7 +215,7 @@ TEST(Step, DisabledScalerIsAnExactPassThrough) {
   EXPECT_EQ(scaler.get_scale(), 1.0);
   EXPECT_EQ(scaler.get_growth_tracker(), 0);
   EXPECT_TRUE(scaler.state_dict().empty());
-  scaler.load_state_dict({});  // no-op, no error
+  scaler.load_state_dict(ampp::make_state_dict());  // no-op, no error
   // Closures pass through to the optimizer.
   int calls = 0;
   EXPECT_TRUE(scaler.step(off_opt, [&] {

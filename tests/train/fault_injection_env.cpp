@@ -15,7 +15,11 @@
 #include <ampp/util/parse_number.h>
 #include <c10/util/Exception.h>
 
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -46,6 +50,17 @@ std::set<int64_t> steps_of_rank(const char* name, int rank) {
   return steps;
 }
 
+// What a kill in the middle of a checkpoint write leaves: half a temporary file.
+void die_halfway_through_save(int64_t nth, int64_t step, const std::string& temporary,
+                              const std::function<std::string()>& bytes) {
+  if (nth != env_int("AMPP_TRAIN_TEST_KILL_IN_SAVE")) return;
+  const std::string file = bytes();
+  std::fprintf(stderr, "ampp train: test fault: rank 0 killed halfway through the checkpoint of step %lld\n",
+               static_cast<long long>(step));
+  std::ofstream(temporary, std::ios::binary).write(file.data(), static_cast<std::streamsize>(file.size() / 2));
+  std::raise(SIGKILL);
+}
+
 FaultInjection from_environment(int rank, int world, bool restarted) {
   FaultInjection f;
   f.inf_steps = steps_of_rank("AMPP_TRAIN_TEST_INF_AT", rank);
@@ -55,10 +70,13 @@ FaultInjection from_environment(int rank, int world, bool restarted) {
   f.gpu_step_on_cpu = env_int("AMPP_TRAIN_TEST_GPU_STEP_ON_CPU").value_or(0) != 0;
   if (restarted) return f;
   if (rank == world - 1) {
-    f.kill_at_step = env_int("AMPP_TRAIN_TEST_KILL_AT_STEP");
-    f.stop_at_step = env_int("AMPP_TRAIN_TEST_STOP_AT_STEP");
+    const auto kill_at = env_int("AMPP_TRAIN_TEST_KILL_AT_STEP"), stop_at = env_int("AMPP_TRAIN_TEST_STOP_AT_STEP");
+    f.after_step = [kill_at, stop_at](int64_t step) {
+      if (kill_at == step) std::raise(SIGKILL);
+      if (stop_at == step) std::raise(SIGSTOP);
+    };
   }
-  if (rank == 0) f.kill_in_save = env_int("AMPP_TRAIN_TEST_KILL_IN_SAVE");
+  if (rank == 0 && env_int("AMPP_TRAIN_TEST_KILL_IN_SAVE")) f.before_save = die_halfway_through_save;
   return f;
 }
 

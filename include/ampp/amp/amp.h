@@ -77,8 +77,7 @@ struct AmpProfile {
 
 /// apex's state_dict: {"loss_scaler0": {"loss_scale": double, "unskipped": int}, ...} (each entry a
 /// GenericDict IValue); under O2 also "master_params": the FP32 masters in optimizer order (a TensorList),
-/// so a round trip loses no precision. A std::map like GradScalerStateDict.
-using AmpStateDict = std::map<std::string, c10::IValue>;
+/// so a round trip loses no precision. A StateDict (util/state_dict.h), as GradScaler::state_dict() is.
 
 /// What `amp.scale_loss(loss)` returns: backward() does apex's whole with-block.
 class ScaledLoss {
@@ -186,9 +185,9 @@ class Amp {
   /// checkpoint saved without the amp state (masters then start from the low-precision values).
   void sync_masters_from_model();
 
-  AmpStateDict state_dict() const;
+  StateDict state_dict() const;
   /// Restores the loss scalers and, if present, the masters (the model is refreshed from them).
-  void load_state_dict(const AmpStateDict& state);
+  void load_state_dict(const StateDict& state);
 
   /// True when scale_loss(...).backward() checks the gradients for inf/NaN (and step() skips on
   /// them): a loss scaler is in use. False at apex's O0/O3 defaults (static scale 1.0) and disabled.

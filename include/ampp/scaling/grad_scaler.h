@@ -10,6 +10,8 @@
 //   scaler.step(opt);                              // skips opt.step() if any grad is inf/NaN
 //   scaler.update();                               // once per iteration, after every step()
 
+#include <ampp/util/state_dict.h>
+
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -103,9 +105,8 @@ using FoundInfHook = std::function<void(torch::Tensor& found_inf)>;
 
 /// state_dict(): PyTorch's keys "scale" (double), "growth_factor" (double), "backoff_factor" (double),
 /// "growth_interval" (int), "_growth_tracker" (int); ampp extras "_ampp_hysteresis_tracker",
-/// "_ampp_skipped_steps", "_ampp_min_scale_overflows" (ints). Empty when disabled.
-/// (std::map rather than c10::Dict, which cannot hold IValue values without a runtime type.)
-using GradScalerStateDict = std::map<std::string, c10::IValue>;
+/// "_ampp_skipped_steps", "_ampp_min_scale_overflows" (ints), in that order. Empty when disabled. A StateDict
+/// (util/state_dict.h), so it nests in a checkpoint's dict as it is.
 
 class GradScaler {
  public:
@@ -156,8 +157,8 @@ class GradScaler {
   /// PyTorch's _get_growth_tracker(): consecutive finite steps since the last growth/overflow.
   int64_t get_growth_tracker() const;
 
-  GradScalerStateDict state_dict() const;
-  void load_state_dict(const GradScalerStateDict& state);
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& state);
   /// torch::serialize archive form of state_dict() (for torch::save-style checkpoints).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);

@@ -4,16 +4,21 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 namespace ampp {
 
 using StateDict = c10::Dict<std::string, c10::IValue>;
 
-/// An empty StateDict (c10::Dict has no default constructor for IValue values: its value type is Any).
-inline StateDict make_state_dict() {
-  return c10::impl::toTypedDict<std::string, c10::IValue>(
+/// A StateDict holding `entries` in their order (c10::Dict has no default constructor for IValue values,
+/// whose runtime type is Any): make_state_dict({{"scale", 512.0}, {"_growth_tracker", int64_t{1}}}).
+inline StateDict make_state_dict(std::initializer_list<std::pair<std::string, c10::IValue>> entries = {}) {
+  auto dict = c10::impl::toTypedDict<std::string, c10::IValue>(
       c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+  for (const auto& [key, value] : entries) dict.insert_or_assign(key, value);
+  return dict;
 }
 
 }  // namespace ampp

@@ -248,14 +248,14 @@ void Amp::sync_masters_from_model() {
   }
 }
 
-AmpStateDict Amp::state_dict() const {
+StateDict Amp::state_dict() const {
   const AmpState& st = *state_;
-  AmpStateDict sd;
+  StateDict sd = make_state_dict();
   for (size_t i = 0; i < st.scalers.size(); ++i) {
     c10::impl::GenericDict scaler(c10::StringType::get(), c10::AnyType::get());
     scaler.insert("loss_scale", st.scalers[i]->get_scale());
     scaler.insert("unskipped", st.scalers[i]->get_growth_tracker());
-    sd[fmt::format("loss_scaler{}", i)] = scaler;
+    sd.insert(fmt::format("loss_scaler{}", i), scaler);
   }
   if (st.use_masters) {
     std::vector<torch::Tensor> masters;
@@ -264,17 +264,17 @@ AmpStateDict Amp::state_dict() const {
         if (slot.model.defined()) masters.push_back(slot.param.detach());
       }
     }
-    sd["master_params"] = masters;
+    sd.insert("master_params", masters);
   }
   return sd;
 }
 
-void Amp::load_state_dict(const AmpStateDict& state) {
+void Amp::load_state_dict(const StateDict& state) {
   AmpState& st = *state_;
   std::vector<std::string> unexpected;
   size_t n_scalers = 0;
   for (const auto& item : state) {
-    const std::string& key = item.first;
+    const std::string& key = item.key();
     if (key.rfind("loss_scaler", 0) == 0) {
       ++n_scalers;
     } else if (key != "master_params") {
@@ -291,14 +291,14 @@ void Amp::load_state_dict(const AmpStateDict& state) {
   for (size_t i = 0; i < std::min(n_scalers, st.scalers.size()); ++i) {
     const std::string key = fmt::format("loss_scaler{}", i);
     auto it = state.find(key);
-    TORCH_CHECK(it != state.end() && it->second.isGenericDict(), "Amp::load_state_dict: missing \"", key,
+    TORCH_CHECK(it != state.end() && it->value().isGenericDict(), "Amp::load_state_dict: missing \"", key,
                 "\" (a dict with \"loss_scale\" and \"unskipped\").");
-    auto entry = it->second.toGenericDict();
+    auto entry = it->value().toGenericDict();
     TORCH_CHECK(entry.contains("loss_scale") && entry.contains("unskipped"), "Amp::load_state_dict: \"", key,
                 "\" needs the keys \"loss_scale\" and \"unskipped\".");
-    GradScalerStateDict sd = st.scalers[i]->state_dict();
-    sd["scale"] = entry.at("loss_scale").toDouble();
-    sd["_growth_tracker"] = entry.at("unskipped").toInt();
+    StateDict sd = st.scalers[i]->state_dict();
+    sd.insert_or_assign("scale", entry.at("loss_scale").toDouble());
+    sd.insert_or_assign("_growth_tracker", entry.at("unskipped").toInt());
     st.scalers[i]->load_state_dict(sd);
   }
 
@@ -315,7 +315,7 @@ void Amp::load_state_dict(const AmpStateDict& state) {
               to_string(st.props.opt_level()),
               "). Load it into a handle initialized with O2 / "
               "master_weights(true), or drop \"master_params\".");
-  const auto masters = masters_it->second.toTensorVector();
+  const auto masters = masters_it->value().toTensorVector();
   size_t k = 0;
   for (auto& rec : st.optimizers) {
     for (auto& slot : rec.slots) {

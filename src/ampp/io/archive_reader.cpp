@@ -43,6 +43,22 @@ c10::TypePtr container_type(const std::string& text) {
   return c10::parseType(text);
 }
 
+// An attribute's name goes into the TorchScript that LibTorch's exporter writes (`name : Type`, or
+// `__annotations__["name"] = Type`), which torch::jit::load then compiles: only the characters of the names
+// LibTorch's archives use (module paths, "param_groups/0") may reach it, so no name can end the string or
+// the line it is written in.
+void check_attribute_name(const std::string& module, const std::string& name) {
+  const bool safe = !name.empty() && name.size() <= 256 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_./-", c) != nullptr;
+  });
+  if (safe) return;
+  std::string shown = name.substr(0, 80);
+  for (char& c : shown)
+    if (!std::isprint(static_cast<unsigned char>(c))) c = '?';
+  TORCH_CHECK(false, "module ", module, " has an attribute named '", shown,
+              "': names are letters, digits and _ . / - (at most 256)");
+}
+
 // Resolves the module classes data.pkl names to fresh class types, and builds each module object from
 // the attribute dict the pickle gives it, typed by its values.
 class ModuleTreeBuilder {
@@ -70,6 +86,7 @@ class ModuleTreeBuilder {
     for (const auto& item : attributes) {
       TORCH_CHECK(item.key().isString(), "module ", name, " has an attribute named by a ", item.key().tagKind());
       const std::string& key = item.key().toStringRef();
+      check_attribute_name(name, key);
       const bool parameter = declared.parameters.count(key) > 0, buffer = declared.buffers.count(key) > 0;
       TORCH_CHECK(!(parameter || buffer) || item.value().isTensor(), "module ", name, " declares '", key,
                   "' a parameter or buffer, but it holds a ", item.value().tagKind());
@@ -103,12 +120,19 @@ torch::jit::Module module_tree(detail::ZipRecords& zip) {
 
 }  // namespace
 
+// Memory: the untrusted bytes are freed once the tree is built, and the tree once it is exported, so at
+// most two copies of the archive's tensors are alive at a time (three while the export is copied out).
 void read_archive(torch::serialize::InputArchive& archive, std::string bytes) {
-  auto zip = detail::ZipRecords::of_bytes(std::move(bytes));
-  const torch::jit::Module tree = module_tree(zip);
-  std::ostringstream exported;
-  tree.save(exported);
-  const std::string trusted = exported.str();
+  std::string trusted;
+  {
+    const torch::jit::Module tree = [&] {
+      auto zip = detail::ZipRecords::of_bytes(std::move(bytes));
+      return module_tree(zip);
+    }();
+    std::ostringstream exported;
+    tree.save(exported);
+    trusted = exported.str();
+  }
   archive.load_from(trusted.data(), trusted.size());
 }
 

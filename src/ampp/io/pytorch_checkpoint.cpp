@@ -111,11 +111,7 @@ StateDict optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
   return typed(d);
 }
 
-StateDict scaler_state_dict(const GradScaler& scaler) {
-  Dict d = str_keyed_dict();
-  for (const auto& [key, value] : scaler.state_dict()) d.insert(key, value);
-  return typed(d);
-}
+StateDict scaler_state_dict(const GradScaler& scaler) { return scaler.state_dict(); }
 
 }  // namespace ampp
 
@@ -310,9 +306,9 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
 }
 
 void load_scaler_state_dict(GradScaler& scaler, const c10::IValue& state) {
-  GradScalerStateDict sd;
+  StateDict sd = make_state_dict();
   for (const auto& item : as_dict(state, "a GradScaler state dict"))
-    sd[as_string(item.key(), "a GradScaler state dict key")] = item.value();
+    sd.insert_or_assign(as_string(item.key(), "a GradScaler state dict key"), item.value());
   scaler.load_state_dict(sd);
 }
 

@@ -408,17 +408,17 @@ int64_t GradScaler::get_growth_tracker() const {
   return growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : init_growth_tracker_;
 }
 
-GradScalerStateDict GradScaler::state_dict() const {
-  GradScalerStateDict sd;
+StateDict GradScaler::state_dict() const {
+  StateDict sd = make_state_dict();
   if (!is_enabled()) return sd;
-  sd["scale"] = get_scale();
-  sd["growth_factor"] = options_.growth_factor();
-  sd["backoff_factor"] = options_.backoff_factor();
-  sd["growth_interval"] = options_.growth_interval();
-  sd["_growth_tracker"] = get_growth_tracker();
-  sd["_ampp_skipped_steps"] = skipped_steps();  // folds the device's counts into the host's first
-  sd["_ampp_hysteresis_tracker"] = hysteresis_tracker_;
-  sd["_ampp_min_scale_overflows"] = min_scale_overflows_;
+  sd.insert("scale", get_scale());
+  sd.insert("growth_factor", options_.growth_factor());
+  sd.insert("backoff_factor", options_.backoff_factor());
+  sd.insert("growth_interval", options_.growth_interval());
+  sd.insert("_growth_tracker", get_growth_tracker());
+  sd.insert("_ampp_hysteresis_tracker", hysteresis_tracker_);
+  sd.insert("_ampp_skipped_steps", skipped_steps());  // folds the device's counts into the host's first
+  sd.insert("_ampp_min_scale_overflows", min_scale_overflows_);
   return sd;
 }
 
@@ -437,18 +437,18 @@ int64_t state_count(const c10::IValue& v, const char* key) {
   return static_cast<int64_t>(x);
 }
 
-void GradScaler::load_state_dict(const GradScalerStateDict& state) {
+void GradScaler::load_state_dict(const StateDict& state) {
   if (!is_enabled()) return;
   TORCH_CHECK(!state.empty(),
               "The source state dict is empty, possibly because it was saved from a disabled instance of "
               "GradScaler.");
   auto required = [&](const char* key) {
-    TORCH_CHECK(state.count(key) != 0, "GradScaler::load_state_dict: key \"", key,
+    TORCH_CHECK(state.contains(key), "GradScaler::load_state_dict: key \"", key,
                 "\" is missing; pass a dict produced by GradScaler::state_dict().");
     return state.at(key);
   };
   auto count = [&](const char* key, int64_t fallback) {
-    return state.count(key) ? state_count(state.at(key), key) : fallback;
+    return state.contains(key) ? state_count(state.at(key), key) : fallback;
   };
   const double scale = state_number(required("scale"), "scale");
   TORCH_CHECK(std::isfinite(scale) && scale >= kMinLossScale, "GradScaler::load_state_dict: the saved scale ", scale,
@@ -477,16 +477,16 @@ void GradScaler::load_state_dict(const GradScalerStateDict& state) {
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
-  for (const auto& [key, value] : state_dict()) archive.write(key, value);
+  for (const auto& item : state_dict()) archive.write(item.key(), item.value());
 }
 
 void GradScaler::load(torch::serialize::InputArchive& archive) {
   if (!is_enabled()) return;
-  GradScalerStateDict sd;
+  StateDict sd = make_state_dict();
   for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker",
                           "_ampp_hysteresis_tracker", "_ampp_skipped_steps", "_ampp_min_scale_overflows"}) {
     c10::IValue v;
-    if (archive.try_read(key, v)) sd[key] = v;
+    if (archive.try_read(key, v)) sd.insert(key, v);
   }
   load_state_dict(sd);
 }

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <utility>
 
 #include "torch_compat.h"
 
@@ -83,9 +84,9 @@ void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string
 }
 
 void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path) {
-  const std::string payload = read_checkpoint_bytes(path);
+  std::string payload = read_checkpoint_bytes(path);
   try {
-    read_archive(archive, payload);
+    read_archive(archive, std::move(payload));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "checkpoint '", path, "' passed its checksum but the archive inside cannot be read (",
                 first_line(e), "); it was not written by this version of ampp/LibTorch");
@@ -107,21 +108,21 @@ void set_rng_state(const torch::Tensor& state) {
 namespace {
 
 void save_amp(const TrainingObjects& objects, torch::serialize::OutputArchive& archive) {
-  AmpStateDict state = objects.amp.state_dict();
-  if (state.count("master_params")) state["master_params"] = checkpoint_masters(objects);
-  for (const auto& [key, value] : state) archive.write(key, value);
+  StateDict state = objects.amp.state_dict();
+  if (state.contains("master_params")) state.insert_or_assign("master_params", checkpoint_masters(objects));
+  for (const auto& item : state) archive.write(item.key(), item.value());
 }
 
 void load_amp(const TrainingObjects& objects, torch::serialize::InputArchive& archive) {
-  AmpStateDict state;
+  StateDict state = make_state_dict();
   for (const auto& key : archive.keys()) {
     c10::IValue value;
     archive.read(key, value);
-    state[key] = value;
+    state.insert(key, value);
   }
   const auto masters = state.find("master_params");
-  if (masters != state.end() && masters->second.isTensorList())
-    masters->second = local_masters(masters->second.toTensorVector(), objects);
+  if (masters != state.end() && masters->value().isTensorList())
+    masters->setValue(local_masters(masters->value().toTensorVector(), objects));
   objects.amp.load_state_dict(state);
 }
 

@@ -5,17 +5,6 @@ namespace ampp::train::detail {
 
 namespace {
 
-// Testing aid: what a kill in the middle of a checkpoint write leaves (half a temporary file).
-[[noreturn]] void die_halfway_through_save(Run& run, const RunPosition& now) {
-  const std::string bytes = training_checkpoint_bytes(run.objects_to_save(), now);
-  std::fprintf(stderr, "ampp train: test fault: rank %d killed halfway through the checkpoint of step %lld\n",
-               run.workers.rank, static_cast<long long>(now.global_step));
-  std::ofstream(temporary_path_for(run.checkpoint), std::ios::binary)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
-  std::raise(SIGKILL);
-  std::abort();  // not reached
-}
-
 // ZeRO under O2: each rank holds the FP32 masters of its shard only. One allreduce gives every rank all of
 // them: the owner adds its master to -0.0, the others -0.0, which leaves every value exact (signed zeros too).
 std::vector<torch::Tensor> gather_masters(Run& run) {
@@ -82,7 +71,10 @@ void save(Run& run, int64_t epoch, int64_t batch) {
   now.elapsed = run.elapsed();
   now.epoch_sums = run.sums;
   now.last_train_loss = run.last_train_loss;
-  if (++run.saves == run.faults.kill_in_save.value_or(-1)) die_halfway_through_save(run, now);
+  ++run.saves;
+  if (run.faults.before_save)  // tests only (fault_injection.h)
+    run.faults.before_save(run.saves, now.global_step, temporary_path_for(run.checkpoint),
+                           [&] { return training_checkpoint_bytes(run.objects_to_save(), now); });
   save_training_checkpoint(run.checkpoint, run.objects_to_save(), now);
   save_pytorch_training_checkpoint(pytorch_checkpoint_path(run.o), run.objects_to_save(), now);
   dist::report_progress(run.position.global_step);

@@ -1,19 +1,27 @@
 #pragma once
-// Fault injection for the recovery, stall and chaos tests (tests/train, scripts/chaos.py). The shipped
-// `ampp` has none: faults come only from a source that a test binary registers (tests/train's
-// `ampp-faults`, which reads them from the environment: fault_injection_env.cpp there). Nothing in a
-// file or the environment can reach them in the shipped library or CLI. Each field is off when empty.
+// The seam through which a test binary changes a run: the recovery, stall and chaos tests (tests/train,
+// scripts/chaos.py) and the CPU tests of a GPU run's path. The shipped `ampp` fills none: faults come only
+// from a source that a test binary registers (tests/train's `ampp-faults`, which reads them from the
+// environment: fault_injection_env.cpp there). Nothing in a file or the environment can reach them in the
+// shipped library or CLI. What a fault does (a signal, a half-written file) is the test's own code, called
+// at two points of the run; the library only calls it. Each field is off when empty.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
+#include <string>
 
 namespace ampp::train::detail {
 
 struct FaultInjection {
-  std::optional<int64_t> kill_at_step;  // the last rank SIGKILLs itself after this step
-  std::optional<int64_t> stop_at_step;  // the last rank SIGSTOPs itself after this step
-  std::set<int64_t> inf_steps;          // this rank's loss is made inf at these steps
-  std::optional<int64_t> kill_in_save;  // rank 0 dies halfway through writing its N-th checkpoint (1-based)
+  /// Called after each step with the run's global step (a test kills or stops the process there).
+  std::function<void(int64_t global_step)> after_step;
+  /// Called before each checkpoint this worker writes: its count (1-based), the step it holds, the temporary
+  /// file the write goes through, and the file's bytes (a test writes half of them there and dies).
+  std::function<void(int64_t nth, int64_t step, const std::string& temporary,
+                     const std::function<std::string()>& bytes)>
+      before_save;
+  std::set<int64_t> inf_steps;  // this rank's loss is made inf at these steps
   // TrainOptions::cuda_graphs on the CPU: its step path, run eagerly, with the host reading the steps'
   // results only where a GPU run reads them (every log_every steps), not after every step.
   bool uncaptured_graph_step = false;

@@ -21,10 +21,10 @@ bool uses_masters(const Amp& amp) { return amp.properties().master_weights().val
 // This run's amp state with the file's values: the loss scale and growth tracker of
 // GradScaler.state_dict() when the run scales its loss, and under O2 the masters from the file's float32
 // values (the model then holds them rounded). Sets `scaler_loaded`.
-AmpStateDict amp_state(const c10::impl::GenericDict& scaler, const c10::impl::GenericDict& model_state,
-                       const TrainingObjects& objects, bool& scaler_loaded) {
-  AmpStateDict state = objects.amp.state_dict();
-  scaler_loaded = scaler.contains("scale") && objects.amp.checks_overflow() && state.count("loss_scaler0") > 0;
+StateDict amp_state(const c10::impl::GenericDict& scaler, const c10::impl::GenericDict& model_state,
+                    const TrainingObjects& objects, bool& scaler_loaded) {
+  StateDict state = objects.amp.state_dict();
+  scaler_loaded = scaler.contains("scale") && objects.amp.checks_overflow() && state.contains("loss_scaler0");
   if (scaler_loaded) {
     auto entry = state.at("loss_scaler0").toGenericDict();
     entry.insert_or_assign("loss_scale", state_number(scaler.at("scale"), "scale"));
@@ -39,7 +39,7 @@ AmpStateDict amp_state(const c10::impl::GenericDict& scaler, const c10::impl::Ge
     std::vector<torch::Tensor> masters;
     for (const auto& [name, master] : named_master_params(objects.model, objects.amp))
       if (!master.is_same(params[name])) masters.push_back(model_state.at(name).toTensor().to(master.scalar_type()));
-    state["master_params"] = masters;
+    state.insert_or_assign("master_params", masters);
   }
   return state;
 }
