@@ -152,6 +152,36 @@ TEST(ArchiveReader, AParameterThatIsNotATensorIsRefused) {
   EXPECT_THAT(read_error(bytes), HasSubstr("declares 'step' a parameter or buffer, but it holds a Int"));
 }
 
+// Storages return to the device they were saved on, once checked on the CPU; where that device is missing,
+// the error names the record and the device.
+TEST(ArchiveReader, StoragesGoBackToTheDeviceTheyWereSavedOn) {
+  const std::string cpu(
+      "X\x03\x00\x00\x00"
+      "cpu",
+      8),
+      cuda(
+          "X\x06\x00\x00\x00"
+          "cuda:0",
+          11);
+  const std::string bytes = rewritten(sample_archive(), [&](const std::string& name, std::string content) {
+    const size_t at = content.find(cpu);  // the first storage's location; the others refer to it by memo
+    if (name == "data.pkl" && at != std::string::npos) content.replace(at, cpu.size(), cuda);
+    return content;
+  });
+  if (torch::cuda::is_available()) {
+    torch::serialize::InputArchive in;
+    ampp::read_archive(in, bytes);
+    torch::Tensor weight;
+    in.read("weight", weight);
+    EXPECT_TRUE(weight.is_cuda());
+    EXPECT_TRUE(torch::equal(weight.cpu(), torch::arange(6, torch::kFloat).reshape({2, 3})));
+    return;
+  }
+  const std::string message = read_error(bytes);
+  EXPECT_THAT(message, HasSubstr("was saved on cuda:0, which this process cannot use ("));
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
 TEST(ArchiveReader, TruncatedOrCorruptedBytesAreOneLineErrors) {
   const std::string good = sample_archive();
   for (size_t keep : {size_t{0}, size_t{10}, good.size() / 2, good.size() - 1}) {

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
-
 #include <fstream>
 #include <iterator>
 #include <memory>

@@ -56,7 +56,14 @@ void move_to_saved_devices(const c10::IValue& value, const RecordSizes& records,
     if (!bytes.defined()) {
       const c10::Device device(location->second);  // a c10::Error naming a malformed location
       const auto cpu = at::empty({static_cast<int64_t>(t.storage().nbytes())}, at::kByte).set_(t.storage());
-      bytes = cpu.to(device);
+      try {
+        bytes = cpu.to(device);
+      } catch (const std::exception& e) {  // c10::Error, or CUDA's own where no driver loads
+        const std::string what = e.what();
+        TORCH_CHECK(false, "record 'data/", record->second.first, "' was saved on ", location->second,
+                    ", which this process cannot use (", what.substr(0, what.find('\n')),
+                    "); load it where that device exists");
+      }
     }
     t.set_data(at::empty({0}, t.options().device(bytes.device()))
                    .set_(bytes.storage(), t.storage_offset(), t.sizes(), t.strides()));
