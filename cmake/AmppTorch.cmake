@@ -4,8 +4,8 @@
 #   cuda   the same for a CUDA wheel (torch==2.14.1+cu130 in .venv-cuda): AMPP_PYTHON names its Python.
 #          Any wheel built with CUDA (also AMPP_TORCH=wheel with such a torch, as on a GPU machine)
 #          gets CUDA's toolkit from the nvcc on the PATH (or CUDAToolkit_ROOT).
-#   debian whatever find_package(Torch) finds on its own: Debian's libtorch-dev (1.13.1 on Debian 12,
-#          2.6 on Debian 13), or a LibTorch archive named with -DTorch_DIR=... .
+#   debian whatever find_package(Torch) finds on its own: a LibTorch archive named with -DTorch_DIR=...
+#          (Debian's own libtorch-dev, 1.13 on Debian 12, is older than ampp supports: refused below).
 set(AMPP_TORCH "wheel" CACHE STRING "Which LibTorch to build against: wheel or debian")
 set_property(CACHE AMPP_TORCH PROPERTY STRINGS wheel cuda debian)
 set(AMPP_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
@@ -42,7 +42,7 @@ if(AMPP_TORCH STREQUAL "wheel" OR AMPP_TORCH STREQUAL "cuda")
   if(NOT _result EQUAL 0)
     message(FATAL_ERROR "AMPP_TORCH=wheel: '${AMPP_PYTHON}' cannot import torch (${_error}).\n"
       "Fix: run scripts/install-deps.sh (it creates .venv with torch==2.13.0), point -DAMPP_PYTHON at a "
-      "Python that has torch, or build against Debian's libtorch-dev with AMPP_TORCH=debian.")
+      "Python that has torch, or build against a LibTorch archive with -DAMPP_TORCH=debian -DTorch_DIR=....")
   endif()
   string(REPLACE "\n" ";" _prefix "${_prefix}")
   list(GET _prefix 1 AMPP_TORCH_CUDA_VERSION)
@@ -102,6 +102,16 @@ endif()
 # TORCH_INSTALL_PREFIX is set by TorchConfig.cmake; the version comes from TorchConfigVersion.cmake.
 set(AMPP_TORCH_VERSION ${Torch_VERSION})
 message(STATUS "ampp: LibTorch ${AMPP_TORCH_VERSION} (AMPP_TORCH=${AMPP_TORCH}) from ${TORCH_INSTALL_PREFIX}")
+# What is built and tested: 2.13 (the CPU wheel, every test) and 2.14 (the CUDA wheel, compiled). Older
+# LibTorch lacks what ampp compiles against (the float8 dtypes: 2.1; fused optimizer kernels: 2.4), so it
+# is refused here rather than deep in a translation unit (Debian 12's libtorch-dev is 1.13).
+if(AMPP_TORCH_VERSION VERSION_LESS 2.1)
+  message(FATAL_ERROR "LibTorch ${AMPP_TORCH_VERSION} (${TORCH_INSTALL_PREFIX}) is too old for ampp, which "
+    "needs 2.1+ and is tested with 2.13 and 2.14. Fix: use the default wheel (bash scripts/install-deps.sh, "
+    "no AMPP_TORCH), or pass -DTorch_DIR=<a LibTorch 2.13+ archive>/share/cmake/Torch.")
+elseif(AMPP_TORCH_VERSION VERSION_LESS 2.13)
+  message(WARNING "ampp: LibTorch ${AMPP_TORCH_VERSION} is untested; ampp is built and tested with 2.13 and 2.14.")
+endif()
 
 # LibTorch 2.14 and later require C++20; earlier ones accept C++17, ampp's default.
 if(AMPP_TORCH_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
@@ -125,13 +135,14 @@ if(_torch_cpu)
   endif()
 endif()
 
-# OpenMP runtime for ampp's own `#pragma omp` code (numerics): the one LibTorch runs on. The wheel
-# bundles its own libgomp.so.1; linking the compiler's next to it would give two OpenMP pools.
+# OpenMP runtime of ampp's parallel loops (numerics/parallel_chunks.cpp, which calls GNU's OpenMP ABI
+# itself, so that gcc and clang builds both run on LibTorch's pool): the one LibTorch runs on. The wheel
+# bundles its own libgomp.so.1; linking another next to it would give two OpenMP pools. Debian's LibTorch
+# runs on the system's libgomp (gcc's, which clang finds too).
 if(EXISTS "${TORCH_INSTALL_PREFIX}/lib/libgomp.so.1")
   set(AMPP_OPENMP_LIBRARIES "${TORCH_INSTALL_PREFIX}/lib/libgomp.so.1")
 else()
-  find_package(OpenMP REQUIRED COMPONENTS CXX)
-  set(AMPP_OPENMP_LIBRARIES ${OpenMP_CXX_LIBRARIES})
+  set(AMPP_OPENMP_LIBRARIES gomp)
 endif()
 
 # Installed programs must find the LibTorch they were linked with, also where it is on no default

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses (tests/fuzz) with clang, AddressSanitizer and UndefinedBehaviorSanitizer
-# into build-fuzz/, against the wheel's LibTorch (scripts/install-deps.sh first), and runs each for a
-# bounded time from its committed seed corpus (tests/fuzz/corpus/<name>) plus what earlier runs found
-# (build-fuzz/corpus/<name>). Exit 1 when a harness finds a crash, a leak, a timeout or an
-# out-of-memory input; the input is saved as build-fuzz/findings/<harness>-crash-<sha1> (add it to
-# the seed corpus and a test once fixed).
+# Runs the libFuzzer harnesses (tests/fuzz; clang, AddressSanitizer and UndefinedBehaviorSanitizer, against
+# the wheel's LibTorch: scripts/install-deps.sh first) for a bounded time each, from its committed seed
+# corpus (tests/fuzz/corpus/<name>) plus what earlier runs found (<build>/corpus/<name>). Exit 1 when a
+# harness finds a crash, a leak, a timeout or an out-of-memory input; the input is saved as
+# <build>/findings/<harness>-crash-<sha1> (add it to the seed corpus and a test once fixed).
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]   default: 1800 s each, all of fuzz_pt fuzz_ampp_checkpoint fuzz_idx
+#   AMPP_FUZZ_BUILD_DIR: the build (default build-fuzz/, configured here with the harnesses alone). CI passes
+#   its sanitized build, which was configured with -DAMPP_BUILD_FUZZERS=ON and has them built already.
 # CI (.ci/run) runs 40 s each. Prints each harness's executions and coverage (docs/training.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,13 +14,15 @@ seconds=${1:-1800}
 shift || true
 harnesses=("$@")
 [ ${#harnesses[@]} -gt 0 ] || harnesses=(fuzz_pt fuzz_ampp_checkpoint fuzz_idx)
-build=$root/build-fuzz
+build=${AMPP_FUZZ_BUILD_DIR:-$root/build-fuzz}
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found; scripts/install-deps.sh installs it" >&2; exit 1; }
 
-CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAMPP_TORCH=wheel \
-  -DAMPP_PYTHON="${AMPP_VENV:-$root/.venv}/bin/python" -DAMPP_BUILD_FUZZERS=ON \
-  -DAMPP_SANITIZE=address,undefined,fuzzer-no-link -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_BENCH=OFF \
-  -DAMPP_BUILD_TOOLS=OFF -DAMPP_BUILD_EXAMPLES=OFF >/dev/null
+if ! grep -qs "^AMPP_BUILD_FUZZERS:BOOL=ON" "$build/CMakeCache.txt"; then
+  CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAMPP_TORCH=wheel \
+    -DAMPP_PYTHON="${AMPP_VENV:-$root/.venv}/bin/python" -DAMPP_BUILD_FUZZERS=ON \
+    -DAMPP_SANITIZE=address,undefined,fuzzer-no-link -DAMPP_BUILD_TESTS=OFF -DAMPP_BUILD_BENCH=OFF \
+    -DAMPP_BUILD_TOOLS=OFF -DAMPP_BUILD_EXAMPLES=OFF >/dev/null
+fi
 cmake --build "$build" -j "${AMPP_JOBS:-$(nproc)}" --target "${harnesses[@]}"
 
 # Leaks are checked per input; tests/lsan.supp lists the ones inside LibTorch (with their seeds).

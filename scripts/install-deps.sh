@@ -2,8 +2,6 @@
 # Installs what ampp needs. Idempotent; apt needs root or sudo.
 #   AMPP_TORCH=wheel  (default) LibTorch 2.13 from the torch==2.13.0 wheel, in a venv at .venv/
 #                     (or $AMPP_VENV); it also serves as the Python oracle of the tests.
-#   AMPP_TORCH=debian Debian's libtorch-dev (1.13.1 on Debian 12, 2.6 on Debian 13) and python3-torch of
-#                     the same version (the oracle).
 #   AMPP_TORCH=cuda   LibTorch 2.14.1 with CUDA 13 from the torch==2.14.1 wheel (5.4 GB), in a venv at
 #                     .venv-cuda/ (or $AMPP_CUDA_VENV), also the oracle; plus the default venv for the
 #                     formatter and TensorBoard's reader. Builds without a GPU; CUDA's toolkit (nvcc)
@@ -25,8 +23,13 @@ packages=(
 )
 case "$torch" in
   wheel | cuda) ;;
-  debian) packages+=(libtorch-dev libopenblas0-pthread python3-torch) ;;  # python3-torch: the oracle
-  *) echo "install-deps: AMPP_TORCH='$torch' is not known: use wheel (the default), cuda or debian" >&2; exit 2 ;;
+  debian)
+    echo "install-deps: AMPP_TORCH=debian is no longer offered: Debian's libtorch-dev (1.13 on Debian 12, 2.6 on" \
+         "Debian 13) is older than the LibTorch 2.13 and 2.14 that ampp is built and tested against (fp8 needs" \
+         "2.1+, the fused optimizers 2.4+). Use the default wheel (no AMPP_TORCH), or a LibTorch archive of" \
+         "2.13+ with -DTorch_DIR=... (docs/build.md)." >&2
+    exit 2 ;;
+  *) echo "install-deps: AMPP_TORCH='$torch' is not known: use wheel (the default) or cuda" >&2; exit 2 ;;
 esac
 
 install_apt() {
@@ -63,7 +66,7 @@ install_wheel() {  # $1: venv, $2: torch version
   local python=${AMPP_PYTHON311:-$(command -v python3.11 || true)}
   if [ -z "$python" ]; then
     echo "install-deps: the torch==$torch_version wheel needs Python 3.11 (python3.11 not found)." \
-         "Install it, point AMPP_PYTHON311 at it, or use Debian's LibTorch: AMPP_TORCH=debian." >&2
+         "Install it, or point AMPP_PYTHON311 at it." >&2
     exit 1
   fi
   echo "install-deps: creating $venv with torch==$torch_version ($python)"

@@ -16,9 +16,10 @@
 #include <ampp/util/torch_version.h>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <benchmark/benchmark.h>
+
+#include "ampp/numerics/parallel_chunks.h"
 
 #include <chrono>
 #include <cstring>
@@ -88,7 +89,7 @@ void BM_BaselineMemcpy(benchmark::State& state) {
   }();
   const int64_t chunks_per = kPer / kChunk;
   run(state, "Baseline/Memcpy", [&](int64_t) {
-    at::parallel_for(0, kTensors * chunks_per, 1, [&](int64_t b, int64_t e) {
+    ampp::numerics::detail::parallel_chunks(kTensors * chunks_per, 1, [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c) {
         const int64_t t = c / chunks_per, off = (c % chunks_per) * kChunk;
         std::memcpy(dst[t].data_ptr<float>() + off, grads()[t].data_ptr<float>() + off, kChunk * sizeof(float));
@@ -102,7 +103,7 @@ void BM_BaselineScale(benchmark::State& state) {
   const int64_t chunks_per = kPer / kChunk;
   run(state, "Baseline/Scale", [&](int64_t i) {
     const float s = alternating_scale(i);
-    at::parallel_for(0, kTensors * chunks_per, 1, [&](int64_t b, int64_t e) {
+    ampp::numerics::detail::parallel_chunks(kTensors * chunks_per, 1, [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c) {
         float* p = grads()[c / chunks_per].data_ptr<float>() + (c % chunks_per) * kChunk;
         // The same Vectorized<float> load/multiply/store as the kernel, without the detection.

@@ -111,7 +111,7 @@ TEST(Properties, InvalidValuesThrow) {
   AMPP_EXPECT_THROW_WITH(LossScale("128x"), "\"dynamic\" or a number");
   AMPP_EXPECT_THROW_WITH(LossScale(-1.0), "finite number > 0");
   AMPP_EXPECT_THROW_WITH(LossScale(0.0), "finite number > 0");
-  AMPP_EXPECT_THROW_WITH(LossScale(std::numeric_limits<double>::infinity()), "finite number > 0");
+  AMPP_EXPECT_THROW_WITH((void)LossScale(std::numeric_limits<double>::infinity()), "finite number > 0");
   AMPP_EXPECT_THROW_WITH(LossScale(1.0).is_dynamic() ? 0.0 : LossScale().value(), "dynamic");
   AMPP_EXPECT_THROW_WITH(Properties("O2").num_losses(0), "num_losses must be >= 1");
   AMPP_EXPECT_THROW_WITH(Properties("O2").min_loss_scale(0.0), "min_loss_scale must be");

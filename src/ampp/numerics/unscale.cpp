@@ -4,11 +4,11 @@
 
 #include <ampp/numerics/unscale.h>
 
+#include "parallel_chunks.h"
 #include "torch_compat.h"
 #include "unscale_span.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #if AMPP_HAVE_ATEN_AMP_UNSCALE
@@ -130,7 +130,7 @@ void cpu_unscale(at::TensorList grads, at::Tensor& found_inf, float inv, std::ve
   if (total < kSerialBelow) {
     work(0, n);
   } else {
-    at::parallel_for(0, n, 1, work);
+    detail::parallel_chunks(n, 1, work);
   }
 
   for (auto& [orig, dense] : copy_back) orig.copy_(dense);
