@@ -28,6 +28,16 @@
 #define AMPP_TEST_HAS_TORCH 1
 #endif
 
+// AMPP_TEST_UNDER_ASAN: this file is compiled with AddressSanitizer (gcc defines __SANITIZE_ADDRESS__,
+// clang answers __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+#define AMPP_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AMPP_TEST_UNDER_ASAN 1
+#endif
+#endif
+
 // Expects `stmt` to throw a std::exception (c10::Error included) whose message contains `text`.
 // c10::Error is matched on its message without LibTorch's backtrace.
 #define AMPP_EXPECT_THROW_WITH(stmt, text)                                                       \

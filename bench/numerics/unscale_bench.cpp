@@ -16,6 +16,7 @@
 #include <ampp/util/torch_version.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>  // at::set_num_threads
 #include <ATen/cpu/vec/vec.h>
 #include <benchmark/benchmark.h>
 

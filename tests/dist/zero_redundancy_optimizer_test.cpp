@@ -7,7 +7,13 @@
 #include <ampp/dist/join.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
 
+#include "ampp/io/zip_records.h"
 #include "ampp_test.h"
+
+#include <caffe2/serialize/inline_container.h>
+
+#include <fstream>
+#include <iterator>
 
 namespace ampp_test {
 namespace {
@@ -167,6 +173,42 @@ TEST(ZeroRedundancyOptimizer, ShardsResumeOnTheSameWorldSizeExactly) {
     // Another rank's shard is refused.
     AMPP_EXPECT_THROW_WITH(zero.load_shard(dir.file("shard" + std::to_string(1 - rank))),
                            "Shards only fit the same world size and rank");
+  });
+}
+
+// A shard is read from untrusted bytes by ampp's hardened reader (issue 52, defect 14), never by
+// torch::jit::load: its TorchScript is not compiled, so code LibTorch's loader would reject still loads.
+TEST(ZeroRedundancyOptimizer, AShardIsReadByTheHardenedReader) {
+  TempDir dir;
+  on_ranks(1, [&](int, const ProcessGroup& pg) {
+    Trainee run(1, pg);
+    auto zero = zero_adam(run, pg);
+    zero.zero_grad();
+    run.backward(0, 0, 1);
+    zero.step();
+    zero.save_shard(dir.file("shard"));
+    std::ifstream in(dir.file("shard"), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto zip = ampp::detail::ZipRecords::of_bytes(bytes);
+    std::string edited;
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+      edited.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    for (const std::string& name : zip.names()) {
+      if (name == "version" || name == ".data/version" || name == ".data/serialization_id" || name == "byteorder")
+        continue;  // the writer adds its own
+      std::string content = zip.read_string(name);
+      if (name.rfind("code/", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".py")
+        content += "  def forward(self) -> Tensor:\n    return undefined_name(\n";
+      writer.writeRecord(name, content.data(), content.size());
+    }
+    writer.writeEndOfFile();
+    std::ofstream(dir.file("edited"), std::ios::binary) << edited;
+    torch::serialize::InputArchive libtorch;
+    EXPECT_FALSE(error_of([&] { libtorch.load_from(dir.file("edited")); }).empty());
+    zero.load_shard(dir.file("edited"));
+    EXPECT_EQ(zero.local_optimizer().state().size(), zero.local_parameters().size());
   });
 }
 

@@ -175,6 +175,28 @@ TEST(GpuTrain, TheGraphedTrainerFollowsTheCosineScheduleAsTheEagerOne) {
   expect_same_training(graphed, eager, "gpt-tiny O1 bf16");
 }
 
+// Issue 52, defects 1 and 2, which only a GPU shows. The cosine schedule with an optimizer that is not fused
+// (--no-fused-optimizer; ZeRO's local one is the same case) stopped at TORCH_INTERNAL_ASSERT(lr_.is_cpu()) at
+// the first step after warmup; --deterministic threw at the first cuBLAS product (no CUBLAS_WORKSPACE_CONFIG).
+// Both now train, and the run leaves deterministic algorithms off again.
+TEST(GpuTrain, TheCosineWithAPlainOptimizerAndDeterministicAlgorithmsTrain) {
+  AMPP_REQUIRE_GPU();
+  for (const auto& p : {every_level()[0], every_level()[4]}) {
+    SCOPED_TRACE(p.name);
+    ampp_test::TempDir tmp;
+    Summary s;
+    ASSERT_NO_THROW(s = ampp::train::train(gpu_run(tmp.path(), p)
+                                               .optimizer(ampp::train::OptimizerKind::kAdamW)
+                                               .lr_schedule(ampp::train::LrSchedule::kCosine)
+                                               .warmup_steps(3)
+                                               .fused_optimizer(false)
+                                               .deterministic(true)));
+    EXPECT_EQ(s.steps, 32);
+    EXPECT_TRUE(std::isfinite(s.train_loss));
+    EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+  }
+}
+
 // `--dtype fp8 --fp8-layers all` on the GPU, each recipe: the GPT's Linear products on fp8 tensor cores,
 // nothing read on the host between log points (the delayed recipe's histories stay on the device), and the
 // graphed step trains as the eager one.

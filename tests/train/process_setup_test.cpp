@@ -4,6 +4,8 @@
 #include <ampp/util/threads.h>
 #include <gtest/gtest.h>
 
+#include "ampp_test.h"
+
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
@@ -20,7 +22,7 @@
 
 #if defined(__GLIBC__)
 TEST(RetainFreedMemory, BuffersUpTo32MiBComeFromTheHeapAndStayThere) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(AMPP_TEST_UNDER_ASAN)
   GTEST_SKIP() << "AddressSanitizer replaces malloc: glibc's mallopt/mallinfo2 do not apply";
 #endif
   ASSERT_TRUE(ampp::train::retain_freed_memory());
@@ -39,7 +41,7 @@ TEST(RetainFreedMemory, BuffersUpTo32MiBComeFromTheHeapAndStayThere) {
 // The opposite setting (--fsdp's): a block of 128 KiB or more has a mapping of its own, gone when freed,
 // even after a free that would have raised glibc's sliding threshold.
 TEST(ReturnFreedMemory, BuffersFrom128KiBGetTheirOwnMappingAndGiveItBack) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(AMPP_TEST_UNDER_ASAN)
   GTEST_SKIP() << "AddressSanitizer replaces malloc: glibc's mallopt/mallinfo2 do not apply";
 #endif
   ASSERT_TRUE(ampp::train::return_freed_memory());

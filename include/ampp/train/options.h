@@ -127,6 +127,8 @@ struct TrainOptions {
   // diverged run never ends "successfully" or steps NaN into the weights. 0 = never stop.
   TORCH_ARG(int64_t, max_consecutive_skips) = 25;
   TORCH_ARG(uint64_t, seed) = 0;
+  // Deterministic algorithms only (LibTorch's, erroring on a nondeterministic op), and on CUDA cuBLAS's
+  // reproducible workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set); train() restores both when it ends.
   TORCH_ARG(bool, deterministic) = false;
   // Seconds a collective or the rendezvous waits for the other workers before failing (PyTorch's
   // default is 30 minutes; a stalled local worker is named sooner by the launcher's stall watch).

@@ -2,6 +2,7 @@
 // move shards between ranks as archives of the wrapped optimizer.
 #include <ampp/dist/reducer.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
+#include <ampp/io/archive_reader.h>
 #include <ampp/util/archive_bytes.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/optimizer_compat.h>
@@ -283,7 +284,7 @@ void ZeroRedundancyOptimizer::save_shard(const std::string& path) const {
 
 void ZeroRedundancyOptimizer::load_shard(const std::string& path) {
   torch::serialize::InputArchive archive, local;
-  archive.load_from(path);
+  read_archive_file(archive, path);  // untrusted bytes: ampp's reader, never torch::jit::load
   torch::Tensor world, rank, owners;
   archive.read("world_size", world);
   archive.read("rank", rank);

@@ -8,4 +8,7 @@ namespace ampp::train::detail {
 // once), then sums are all-reduced.
 Evaluation evaluate(Run& run);
 
+// The rows evaluated at once: one training micro-batch of this rank (at least 1).
+int64_t evaluation_batch(int64_t per_rank_batch, int64_t grad_accum);
+
 }  // namespace ampp::train::detail

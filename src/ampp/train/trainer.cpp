@@ -4,6 +4,7 @@
 #include "divergence.h"
 #include "evaluation.h"
 #include "outputs.h"
+#include "process_settings.h"
 #include "resume.h"
 #include "run.h"
 #include "set_lr.h"
@@ -194,6 +195,7 @@ Summary train(const TrainOptions& unresolved) {
   // Before any tensor exists, so that every one is counted.
   const TensorMemoryTracker* tracker = options.profile() ? &TensorMemoryTracker::install() : nullptr;
   retain_freed_memory();  // no page faults on the same activation buffers every step (allocator.h)
+  const ProcessSettingsScope settings(options);  // deterministic algorithms, cuDNN's benchmark mode: this run's
   Workers workers = set_up_workers(options);
   const auto lock = claim_outputs(options, workers);  // before the data is loaded: fail in seconds
   Run run(options, std::move(workers));

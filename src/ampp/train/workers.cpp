@@ -28,7 +28,6 @@ Workers set_up_workers(const TrainOptions& o) {
   w.threads = o.threads() > 0 ? o.threads() : static_cast<int>(env_int("OMP_NUM_THREADS", 0));
   if (w.threads <= 0) w.threads = threads_per_worker(local_world);
   set_compute_threads(w.threads);  // LibTorch and OpenBLAS pools alike (util/threads.h)
-  if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   w.restarted = launch.restart_count_number() > 0;
   return w;
 }
