@@ -7,7 +7,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/build-dir.sh"
 "$root/scripts/install-deps.sh"
 start=$(date +%s)
-echo "train-default: building the ampp CLI and its library (about 60 steps; about 4 minutes on 2 cores" \
+echo "train-default: building the ampp CLI and its library (about 50 steps; about 3 minutes on 2 cores" \
      "from a fresh clone, seconds once built: docs/build.md)"
 AMPP_TARGETS=ampp_cli "$root/scripts/build.sh"
 echo "train-default: built in $(( $(date +%s) - start )) s; training (about 30 s on 2 cores)"

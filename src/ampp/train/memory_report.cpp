@@ -45,9 +45,10 @@ std::vector<torch::Tensor> stepped_parameters(const torch::optim::Optimizer& opt
 std::vector<torch::Tensor> state_tensors(torch::optim::Optimizer& owner) {
   std::vector<torch::Tensor> tensors;
   for (auto& entry : owner.state()) {
-    const bool known = for_each_state_tensor(*entry.second, [&](torch::Tensor& t) { tensors.push_back(t); });
+    auto& state = *entry.second;
+    const bool known = for_each_state_tensor(state, [&](torch::Tensor& t) { tensors.push_back(t); });
     TORCH_CHECK(known, "ampp::train::measure_memory: cannot read optimizer state of type ",
-                c10::demangle(typeid(*entry.second).name()), "; SGD, Adam, AdamW, RMSprop and Adagrad are known");
+                c10::demangle(typeid(state).name()), "; SGD, Adam, AdamW, RMSprop and Adagrad are known");
   }
   return tensors;
 }

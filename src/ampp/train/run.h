@@ -156,6 +156,9 @@ struct Run {
   detail::BufferGuard buffer_guard;
   dist::DistributedSampler sampler;
   std::optional<Ddp> ddp;
+  // Collectives on the model's device tensors during a step (the delayed fp8 amaxes): DDP's NCCL group where
+  // it has one, so they stay on the device; else the run's own group.
+  std::optional<dist::ProcessGroup> device_group;
   std::string communication;   // how DDP's workers reduce, said after the run's first line
   std::string data_placement;  // where the data lives, said there too
   std::string checkpoint;      // "" = no checkpoints

@@ -1,5 +1,6 @@
 #include "train_step.h"
 
+#include "clip_grad_norm.h"
 #include "set_lr.h"
 
 namespace ampp::train::detail {
@@ -97,18 +98,6 @@ std::vector<std::pair<std::string, torch::Tensor>> named_gradient_holders(const 
   return named;
 }
 
-// torch::nn::utils::clip_grad_norm_'s operations (the same values), without its return value's host read.
-void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
-  torch::NoGradGuard no_grad;
-  const auto grads = gradients_of(params);
-  if (grads.empty()) return;
-  std::vector<torch::Tensor> norms;
-  for (const auto& g : grads) norms.push_back(g.norm(2.0));
-  const auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
-  const auto coef = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-  for (auto g : grads) g.mul_(coef);
-}
-
 void clip_gradients(Run& run) {
   if (*run.o.clip_grad_norm() <= 0) return;
   if (run.fsdp)
@@ -158,7 +147,8 @@ torch::Tensor forward_logits(Run& run, const torch::Tensor& data) {
 
 // TransformerEngine's reduce_amax for the delayed fp8 recipe: the step's amaxes (row 0 of each layer's
 // history) become their max over the ranks, so every rank folds the same history into the same scales. One
-// allreduce per step, queued on the device.
+// allreduce per step, over DDP's NCCL group on GPUs that have one each (queued on NCCL's stream, no host
+// wait); over the run's Gloo group otherwise (on the CPU; GPUs that share a device stage through the host).
 void reduce_float8_amaxes(Run& run) {
   if (run.workers.world == 1 || run.o.fp8() != Float8Recipe::kDelayed) return;
   std::vector<torch::Tensor> rows;
@@ -170,7 +160,8 @@ void reduce_float8_amaxes(Run& run) {
   std::vector<torch::Tensor> flat{torch::cat(rows)};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
-  run.workers.pg.c10d()->allreduce(flat, max)->wait();
+  const dist::ProcessGroup& group = run.device_group ? *run.device_group : run.workers.pg;
+  group.c10d()->allreduce(flat, max)->wait();
   for (size_t i = 0; i < rows.size(); ++i) rows[i].copy_(flat[0].narrow(0, 3 * static_cast<int64_t>(i), 3));
 }
 

@@ -115,7 +115,8 @@ void start_ddp(Run& run) {
   // .grad per parameter (10 of the CNN's 73 copies per step, 0.7 of 2.3 ms in the operator profile).
   const auto options = dist::DistributedDataParallelOptions().gradient_as_bucket_view(true);
   if (run.device.is_cuda()) {
-    run.ddp.emplace(run.model, gpu_gradient_group(run), options);
+    run.device_group = gpu_gradient_group(run);
+    run.ddp.emplace(run.model, *run.device_group, options);
     // Their groups are set where the model and the optimizer are made, before DDP's: the run's own.
     if (run.o.sync_batch_norm() || run.o.zero())
       run.communication += "; SyncBatchNorm and ZeRO go through the run's Gloo group (CUDA tensors via the host)";
