@@ -77,7 +77,8 @@ run() {
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAMPP_TORCH=wheel \
     -DAMPP_PYTHON="$python" -DCMAKE_PREFIX_PATH="$kit/usr" -DProtobuf_PROTOC_EXECUTABLE="$kit/usr/bin/protoc-kit" \
     -DAMPP_BUILD_EXAMPLES=OFF -DAMPP_BUILD_BENCH=OFF > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target ampp_gpu_tests >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target ampp_gpu_tests ampp_io_tests >> "$out/build.log" 2>&1 ||
+    { tail -40 "$out/build.log"; exit 1; }
   echo "gpu-check: configured and built in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
   # One process per test: a crash (its backtrace printed by the suite) costs that test, not the rest, and
   # a hang at most 120 s (or what is left of the call).
@@ -90,6 +91,10 @@ run() {
     elif [ "$status" -gt 128 ]; then echo "[ CRASHED  ] $test (signal $((status - 128)))" >> "$out/gpu_tests.log"; fi
     if [ "$status" -ne 0 ]; then code=1; fi
   done
+  # The io suite's GPU branches: storages saved on cuda:0 go back there, or to the device map_location names.
+  status=0
+  timeout -k 5 120 "$build/tests/io/ampp_io_tests" --gtest_filter='ArchiveReader.*' >> "$out/gpu_tests.log" 2>&1 || status=$?
+  if [ "$status" -ne 0 ]; then code=1; echo "[ CRASHED  ] ampp_io_tests (exit $status)" >> "$out/gpu_tests.log"; fi
   # The suite's own frames of any backtrace, as function and line (binutils' addr2line; debug info).
   grep -o "ampp_gpu_tests(+0x[0-9a-f]*)" "$out/gpu_tests.log" | grep -o "0x[0-9a-f]*" |
     sort -u | xargs -r addr2line -a -f -C -i -e "$suite" >> "$out/gpu_tests.log" 2>&1 || true

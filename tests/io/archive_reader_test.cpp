@@ -182,6 +182,37 @@ TEST(ArchiveReader, StoragesGoBackToTheDeviceTheyWereSavedOn) {
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
 }
 
+// map_location (issue 52, defect 5): every rank of a one-GPU-per-rank run loads a checkpoint rank 0 saved on
+// cuda:0 onto its own device. Here a "cuda:0" storage loads onto the CPU, which holds on a machine without a
+// GPU too; the GPU suite's run of this test also loads it onto the GPU it names.
+TEST(ArchiveReader, AMapLocationLoadsEveryStorageThereWhereverItWasSaved) {
+  const std::string cpu(
+      "X\x03\x00\x00\x00"
+      "cpu",
+      8),
+      cuda(
+          "X\x06\x00\x00\x00"
+          "cuda:0",
+          11);
+  const std::string bytes = rewritten(sample_archive(), [&](const std::string& name, std::string content) {
+    const size_t at = content.find(cpu);
+    if (name == "data.pkl" && at != std::string::npos) content.replace(at, cpu.size(), cuda);
+    return content;
+  });
+  std::vector<torch::Device> targets{torch::kCPU};
+  if (torch::cuda::is_available()) targets.emplace_back(torch::kCUDA, 0);
+  for (const auto& device : targets) {
+    torch::serialize::InputArchive in;
+    ampp::read_archive(in, bytes, device);
+    torch::Tensor weight, mean;
+    in.read("weight", weight);
+    in.read("running_mean", mean, /*is_buffer=*/true);
+    EXPECT_EQ(weight.device(), device);
+    EXPECT_EQ(mean.device(), device);
+    EXPECT_TRUE(torch::equal(weight.cpu(), torch::arange(6, torch::kFloat).reshape({2, 3})));
+  }
+}
+
 TEST(ArchiveReader, TruncatedOrCorruptedBytesAreOneLineErrors) {
   const std::string good = sample_archive();
   for (size_t keep : {size_t{0}, size_t{10}, good.size() / 2, good.size() - 1}) {

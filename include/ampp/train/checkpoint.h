@@ -24,6 +24,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 
 namespace ampp::train {
@@ -40,8 +41,10 @@ std::string read_checkpoint_bytes(const std::string& path);
 // Archive level.
 void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path);
 // Throws c10::Error naming the file and the problem (missing, truncated, corrupted, not a
-// checkpoint, unreadable archive).
-void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path);
+// checkpoint, unreadable archive). Tensors go to `map_location` when given (read_archive), else to the
+// devices they were saved on.
+void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path,
+                     std::optional<c10::Device> map_location = std::nullopt);
 
 // The global CPU generator's state (torch::manual_seed's stream), to save and restore.
 torch::Tensor get_rng_state();
@@ -96,7 +99,8 @@ void save_training_checkpoint(const std::string& path, const TrainingObjects& ob
 // A training checkpoint read and checked; restore() then loads it into the objects.
 class TrainingCheckpoint {
  public:
-  explicit TrainingCheckpoint(const std::string& path);
+  // `map_location`: the device its tensors are loaded onto (each rank its own; read_archive).
+  explicit TrainingCheckpoint(const std::string& path, std::optional<c10::Device> map_location = std::nullopt);
   const RunPosition& position() const { return position_; }
   // Loads model, amp, optimizer and sampler states and the global CPU RNG state; an archive that does
   // not fit the objects is a one-line error naming the file.

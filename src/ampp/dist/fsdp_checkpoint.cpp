@@ -113,7 +113,7 @@ void FullyShardedDataParallel::save_sharded(const std::string& path, const torch
 
 void FullyShardedDataParallel::load_sharded(const std::string& path, torch::optim::Optimizer* optimizer) {
   torch::serialize::InputArchive archive;
-  read_archive_file(archive, path);
+  read_archive_file(archive, path, state_->shard_device());  // this rank's device, not the saving rank's
   torch::Tensor world, rank;
   archive.read("world_size", world);
   archive.read("rank", rank);

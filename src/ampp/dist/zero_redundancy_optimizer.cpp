@@ -284,7 +284,9 @@ void ZeroRedundancyOptimizer::save_shard(const std::string& path) const {
 
 void ZeroRedundancyOptimizer::load_shard(const std::string& path) {
   torch::serialize::InputArchive archive, local;
-  read_archive_file(archive, path);  // untrusted bytes: ampp's reader, never torch::jit::load
+  // Untrusted bytes: ampp's reader, never torch::jit::load; onto this rank's device, not the saving rank's.
+  const auto mine = local_parameters();
+  read_archive_file(archive, path, mine.empty() ? std::nullopt : std::optional<c10::Device>(mine.front().device()));
   torch::Tensor world, rank, owners;
   archive.read("world_size", world);
   archive.read("rank", rank);

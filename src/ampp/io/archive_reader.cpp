@@ -103,14 +103,15 @@ class ModuleTreeBuilder {
   std::map<std::string, c10::ClassTypePtr> types_;
 };
 
-torch::jit::Module module_tree(detail::ZipRecords& zip) {
+// `to_saved_devices`: storages saved off the CPU go back there; else every tensor stays on the CPU.
+torch::jit::Module module_tree(detail::ZipRecords& zip, bool to_saved_devices) {
   ModuleTreeBuilder builder(detail::archive_classes(zip));
   const std::string pickle = zip.read_string("data.pkl");
   const auto locations = detail::check_pickle(pickle, detail::PickleSource::kArchive);
   detail::UnpickleOptions options;
   options.types = [&](const c10::QualifiedName& name) { return builder.resolve(name); };
   options.objects = [&](const c10::StrongTypePtr& type, c10::IValue state) { return builder.build(type, state); };
-  options.locations = &locations;
+  if (to_saved_devices) options.locations = &locations;
   const c10::IValue root = detail::unpickle_with_records(zip, pickle, std::move(options));
   TORCH_CHECK(root.isObject() && root.toObjectRef().type()->is_module(), "data.pkl holds a ", root.tagKind(),
               ", not an archive's module");
@@ -121,25 +122,26 @@ torch::jit::Module module_tree(detail::ZipRecords& zip) {
 
 // Memory: the untrusted bytes are freed once the tree is built, and the tree once it is exported, so at
 // most two copies of the archive's tensors are alive at a time (three while the export is copied out).
-void read_archive(torch::serialize::InputArchive& archive, std::string bytes) {
+void read_archive(torch::serialize::InputArchive& archive, std::string bytes, std::optional<c10::Device> map_location) {
   std::string trusted;
   {
     const torch::jit::Module tree = [&] {
       auto zip = detail::ZipRecords::of_bytes(std::move(bytes));
-      return module_tree(zip);
+      return module_tree(zip, /*to_saved_devices=*/!map_location);
     }();
     std::ostringstream exported;
     tree.save(exported);
     trusted = exported.str();
   }
-  archive.load_from(trusted.data(), trusted.size());
+  archive.load_from(trusted.data(), trusted.size(), map_location);
 }
 
-void read_archive_file(torch::serialize::InputArchive& archive, const std::string& path) {
+void read_archive_file(torch::serialize::InputArchive& archive, const std::string& path,
+                       std::optional<c10::Device> map_location) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "cannot open '", path, "' to read an archive");
   try {
-    read_archive(archive, std::string(std::istreambuf_iterator<char>(in), {}));
+    read_archive(archive, std::string(std::istreambuf_iterator<char>(in), {}), map_location);
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     TORCH_CHECK(false, "cannot read '", path, "' as a torch::serialize archive: ", what.substr(0, what.find('\n')));

@@ -195,7 +195,7 @@ class PickleWalk {
   }
 
   size_t new_object(size_t depth) {
-    objects_.push_back({depth, false});
+    objects_.push_back({depth, false, {}, {}});
     return objects_.size() - 1;
   }
   void push(size_t id) { stack_.push_back(id); }

@@ -51,25 +51,64 @@ static torch::Tensor dequantized_mm(const torch::Tensor& a, const torch::Tensor&
   return wide_a.mm(wide_b).to(out);
 }
 
-static bool row_major(const torch::Tensor& m) { return m.stride(0) > m.stride(1) && m.stride(1) == 1; }
+static bool row_major(const torch::Tensor& m) {
+  return m.stride(1) == 1 && m.stride(0) >= std::max<int64_t>(m.size(1), 1);
+}
+static bool column_major(const torch::Tensor& m) { return row_major(m.t()); }
+
+static int64_t round_up_16(int64_t n) { return (n + 15) / 16 * 16; }
+
+std::pair<Float8Operand, Float8Operand> scaled_mm_operands(const Float8Operand& a, const Float8Operand& b) {
+  const int64_t r = a.data.size(1), q = b.data.size(1), pad_r = round_up_16(r) - r, pad_q = round_up_16(q) - q;
+  // constant_pad_nd has no float8 kernel: the padding is written into zeros of the padded shape.
+  auto padded = [](const torch::Tensor& m, int64_t rows, int64_t cols) {
+    if (rows == 0 && cols == 0) return m;
+    auto out = torch::zeros({m.size(0) + rows, m.size(1) + cols}, m.options());
+    out.narrow(0, 0, m.size(0)).narrow(1, 0, m.size(1)).copy_(m);
+    return out;
+  };
+  Float8Operand pa{padded(a.data, 0, pad_r), a.scale}, pb{padded(b.data, pad_r, pad_q), b.scale};
+  if (!row_major(pa.data)) pa.data = pa.data.contiguous();
+  if (!column_major(pb.data)) pb.data = pb.data.t().contiguous().t();
+  if (pad_q > 0 && b.scale.dim() == 2 && b.scale.size(1) == q)  // rowwise: one scale per column of b
+    pb.scale = torch::cat({b.scale, torch::ones({1, pad_q}, b.scale.options())}, 1);
+  return {pa, pb};
+}
+
+void check_cuda_scaled_mm_operands(const torch::Tensor& a, const torch::Tensor& b) {
+  TORCH_CHECK(row_major(a) && column_major(b),
+              "ampp fp8: CUDA's _scaled_mm takes a row-major first and a "
+              "column-major second operand, got strides ",
+              a.strides(), " and ", b.strides());
+  TORCH_CHECK(a.size(1) % 16 == 0 && b.size(1) % 16 == 0,
+              "ampp fp8: CUDA's _scaled_mm takes inner and output "
+              "dimensions in multiples of 16, got ",
+              a.sizes(), " @ ", b.sizes());
+}
 
 // As torchao's addmm_float8_unwrapped. Rowwise scales without fast accumulation: unit scales in the kernel
 // and the scales' outer product applied after it. Rowwise kernels have no float32 or fp16 output: bf16, then
 // `out`.
 torch::Tensor float8_scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::ScalarType out, bool fast_accum) {
-  const auto a_data = row_major(a.data) ? a.data : a.data.contiguous();
-  const auto b_data = row_major(b.data) ? b.data.t().contiguous().t() : b.data;
-  auto scale_a = a.scale.reciprocal(), scale_b = b.scale.reciprocal();
+  const int64_t r = a.data.size(1), q = b.data.size(1);
+  const auto [pa, pb] = scaled_mm_operands(a, b);
+  check_cuda_scaled_mm_operands(pa.data, pb.data);  // on the CPU too: it runs the shapes a GPU would
+  const bool cpu = pa.data.is_cpu();
+  // The CPU's product on the unpadded values: zeros would add nothing, but could change its GEMM's blocking.
+  const auto a_data = cpu ? pa.data.narrow(1, 0, r) : pa.data;
+  const auto b_data = cpu ? pb.data.narrow(0, 0, r).narrow(1, 0, q) : pb.data;
+  auto scale_a = a.scale.reciprocal(), scale_b = (cpu ? b.scale : pb.scale).reciprocal();
   const bool rowwise = a.scale.dim() == 2 && b.scale.dim() == 2 && a.scale.size(1) == 1 && b.scale.size(0) == 1;
   torch::Tensor after;
   if (rowwise && !fast_accum) {
-    after = scale_a * scale_b;
+    after = scale_a * b.scale.reciprocal();  // [P, 1] x [1, Q]: the unpadded columns'
     scale_a = scale_b = torch::ones({}, scale_a.options());
   }
   const bool via_bf16 = rowwise && (out == torch::kFloat || out == torch::kHalf);
-  auto product = a_data.is_cpu() ? dequantized_mm(a_data, b_data, scale_a, scale_b, via_bf16 ? torch::kBFloat16 : out)
-                                 : at::_scaled_mm(a_data, b_data, scale_a, scale_b, std::nullopt, std::nullopt,
-                                                  via_bf16 ? torch::kBFloat16 : out, fast_accum);
+  auto product = cpu ? dequantized_mm(a_data, b_data, scale_a, scale_b, via_bf16 ? torch::kBFloat16 : out)
+                     : at::_scaled_mm(a_data, b_data, scale_a, scale_b, std::nullopt, std::nullopt,
+                                      via_bf16 ? torch::kBFloat16 : out, fast_accum);
+  if (product.size(1) != q) product = product.narrow(1, 0, q).contiguous();
   if (after.defined()) product.mul_(after);
   return via_bf16 ? product.to(out) : product;
 }

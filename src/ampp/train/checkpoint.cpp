@@ -83,10 +83,11 @@ void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string
   write_checkpoint_bytes(path, archive_bytes(archive));
 }
 
-void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path) {
+void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path,
+                     std::optional<c10::Device> map_location) {
   std::string payload = read_checkpoint_bytes(path);
   try {
-    read_archive(archive, std::move(payload));
+    read_archive(archive, std::move(payload), map_location);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "checkpoint '", path, "' passed its checksum but the archive inside cannot be read (",
                 first_line(e), "); it was not written by this version of ampp/LibTorch");
@@ -188,8 +189,8 @@ void save_training_checkpoint(const std::string& path, const TrainingObjects& ob
   write_file_atomic(path, training_checkpoint_bytes(objects, position));
 }
 
-TrainingCheckpoint::TrainingCheckpoint(const std::string& path) : path_(path) {
-  load_checkpoint(archive_, path);
+TrainingCheckpoint::TrainingCheckpoint(const std::string& path, std::optional<c10::Device> map_location) : path_(path) {
+  load_checkpoint(archive_, path, map_location);
   try {
     torch::serialize::InputArchive trainer;
     archive_.read("trainer", trainer);

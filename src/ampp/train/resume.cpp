@@ -80,7 +80,7 @@ void resume(Run& run) {
     run.say(fmt::format("no checkpoint at {} yet: starting from scratch", run.checkpoint));
     return;
   }
-  TrainingCheckpoint saved(run.checkpoint);
+  TrainingCheckpoint saved(run.checkpoint, run.device);  // this rank's device, not the saving rank's
   check_same_cosine(saved.position().fingerprint, run);
   const std::string expected = fingerprint(run.o, run.workers.world, run.cosine_steps);
   TORCH_CHECK(same_run(saved.position().fingerprint, run.o, run.workers.world, run.cosine_steps), "checkpoint '",
