@@ -223,7 +223,7 @@ TEST(StateDict, WithoutMastersTheyFollowTheLoadedModel) {
   torch::save(a, buf);
   torch::load(b, buf);
   auto sd = amp_a.state_dict();
-  sd.erase("master_params");  // an apex-style dict: loss scalers only
+  (void)sd.erase("master_params");  // an apex-style dict: loss scalers only
   amp_b.load_state_dict(sd);
   expect_in_sync(b, amp_b, opt_b);
   const auto ma = amp_a.master_params(opt_a), mb = amp_b.master_params(opt_b);
@@ -237,7 +237,7 @@ TEST(StateDict, BadDictsAreRejected) {
   auto sd = o2.state_dict();
   sd.insert("bogus", 1.0);
   AMPP_EXPECT_THROW_WITH(o2.load_state_dict(sd), "Unexpected key(s) in state_dict: bogus");
-  sd.erase("bogus");
+  (void)sd.erase("bogus");
   auto masters = sd.at("master_params").toTensorVector();
   masters.pop_back();
   sd.insert_or_assign("master_params", masters);

@@ -3,8 +3,8 @@
 #include <ampp/io/archive_reader.h>
 #include <ampp/util/archive_bytes.h>
 
-#include "ampp/io/zip_records.h"
 #include "ampp_test.h"
+#include "io/rewritten_archive.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
@@ -16,6 +16,7 @@
 
 namespace {
 
+using ampp_test::rewritten;
 using ::testing::HasSubstr;
 
 // An archive with what ampp's checkpoints hold: parameters, buffers, nested archives, numbers, strings and
@@ -33,23 +34,22 @@ std::string sample_archive() {
   return ampp::archive_bytes(root);
 }
 
-// `bytes` with each record passed through `edit(name, content)`, written by LibTorch's zip writer.
-std::string rewritten(const std::string& bytes,
-                      const std::function<std::string(const std::string&, std::string)>& edit) {
-  auto zip = ampp::detail::ZipRecords::of_bytes(bytes);
-  std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-    out.append(static_cast<const char*>(data), n);
-    return n;
+// sample_archive() with its first storage's location "cpu" rewritten to "cuda:0", as rank 0 of a GPU run saves
+// it (the others refer to that storage's location by memo).
+std::string saved_on_cuda0() {
+  const std::string cpu(
+      "X\x03\x00\x00\x00"
+      "cpu",
+      8),
+      cuda(
+          "X\x06\x00\x00\x00"
+          "cuda:0",
+          11);
+  return rewritten(sample_archive(), [&](const std::string& name, std::string content) {
+    const size_t at = content.find(cpu);
+    if (name == "data.pkl" && at != std::string::npos) content.replace(at, cpu.size(), cuda);
+    return content;
   });
-  for (const std::string& name : zip.names()) {
-    if (name == "version" || name == ".data/version" || name == ".data/serialization_id" || name == "byteorder")
-      continue;  // the writer adds its own
-    const std::string content = edit(name, zip.read_string(name));
-    writer.writeRecord(name, content.data(), content.size());
-  }
-  writer.writeEndOfFile();
-  return out;
 }
 
 std::string read_error(const std::string& bytes) {
@@ -155,19 +155,7 @@ TEST(ArchiveReader, AParameterThatIsNotATensorIsRefused) {
 // Storages return to the device they were saved on, once checked on the CPU; where that device is missing,
 // the error names the record and the device.
 TEST(ArchiveReader, StoragesGoBackToTheDeviceTheyWereSavedOn) {
-  const std::string cpu(
-      "X\x03\x00\x00\x00"
-      "cpu",
-      8),
-      cuda(
-          "X\x06\x00\x00\x00"
-          "cuda:0",
-          11);
-  const std::string bytes = rewritten(sample_archive(), [&](const std::string& name, std::string content) {
-    const size_t at = content.find(cpu);  // the first storage's location; the others refer to it by memo
-    if (name == "data.pkl" && at != std::string::npos) content.replace(at, cpu.size(), cuda);
-    return content;
-  });
+  const std::string bytes = saved_on_cuda0();
   if (torch::cuda::is_available()) {
     torch::serialize::InputArchive in;
     ampp::read_archive(in, bytes);
@@ -186,19 +174,7 @@ TEST(ArchiveReader, StoragesGoBackToTheDeviceTheyWereSavedOn) {
 // cuda:0 onto its own device. Here a "cuda:0" storage loads onto the CPU, which holds on a machine without a
 // GPU too; the GPU suite's run of this test also loads it onto the GPU it names.
 TEST(ArchiveReader, AMapLocationLoadsEveryStorageThereWhereverItWasSaved) {
-  const std::string cpu(
-      "X\x03\x00\x00\x00"
-      "cpu",
-      8),
-      cuda(
-          "X\x06\x00\x00\x00"
-          "cuda:0",
-          11);
-  const std::string bytes = rewritten(sample_archive(), [&](const std::string& name, std::string content) {
-    const size_t at = content.find(cpu);
-    if (name == "data.pkl" && at != std::string::npos) content.replace(at, cpu.size(), cuda);
-    return content;
-  });
+  const std::string bytes = saved_on_cuda0();
   std::vector<torch::Device> targets{torch::kCPU};
   if (torch::cuda::is_available()) targets.emplace_back(torch::kCUDA, 0);
   for (const auto& device : targets) {

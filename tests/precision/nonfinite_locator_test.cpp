@@ -1,11 +1,15 @@
 // The numerics doctor's forward locator: the first op whose output became inf/NaN from finite inputs.
 
+#include "ampp_test.h"
 #include "precision/test_util.h"
 
 #include <ampp/precision/autocast.h>
 #include <ampp/precision/nonfinite_locator.h>
 
+#include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
+
+#include <thread>
 
 namespace {
 
@@ -86,12 +90,32 @@ TEST_F(NonFiniteLocator, NamesTheModuleByItsParameters) {
   EXPECT_EQ(after->module, "after fc1") << after->describe();
 }
 
-TEST_F(NonFiniteLocator, FindsNothingInAFiniteForwardAndIsOnePerThread) {
+TEST_F(NonFiniteLocator, FindsNothingInAFiniteForwardAndIsOnePerProcess) {
   ampp::NonFiniteLocator locate;
   const auto y = torch::softmax(torch::randn({4, 5}), 1).sum();
   EXPECT_TRUE(std::isfinite(y.item<float>()));
   EXPECT_FALSE(locate.first().has_value());
   EXPECT_THROW(ampp::NonFiniteLocator second, c10::Error);
+  std::string other_thread;
+  std::thread([&] { other_thread = ampp_test::error_of([] { ampp::NonFiniteLocator second; }); }).join();
+  EXPECT_THAT(other_thread, HasSubstr("another locator is active in this process"));
+}
+
+// The ops of a thread that runs this thread's work with its state, as autograd's worker thread runs a GPU's
+// backward (issue 52, defect 9: the locator's state was thread_local, so a CUDA backward went unseen and an
+// overflow born there was reported as "replayed finite").
+TEST_F(NonFiniteLocator, SeesTheOpsOfAThreadThatRunsWithThisThreadsState) {
+  ampp::NonFiniteLocator locate;
+  const at::ThreadLocalState state;  // what the autograd engine hands its device threads
+  std::thread worker([&] {
+    at::ThreadLocalStateGuard guard(state);
+    const auto y = torch::full({4}, 70000.0f).to(torch::kHalf);  // inf born in the narrowing cast
+    EXPECT_TRUE(std::isinf(y[0].item<float>()));
+  });
+  worker.join();
+  ASSERT_TRUE(locate.first().has_value()) << "the worker thread's ops were not seen";
+  EXPECT_THAT(locate.first()->describe(), HasSubstr("aten::"));
+  EXPECT_THAT(locate.first()->output, HasSubstr("4 inf"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 // The handle is a cheap shared reference; it refers to the model(s) and optimizer(s) passed to
 // initialize(), which must outlive it.
 
+#include <ampp/amp/nested_tensors.h>
 #include <ampp/amp/properties.h>
 #include <ampp/precision/autocast.h>
 #include <ampp/scaling/grad_scaler.h>
@@ -150,7 +151,10 @@ class Amp {
 
   /// apex's patched model.forward: runs `model->forward(args...)` inside autocast(), with floating
   /// tensor arguments cast to cast_model_type (O2/O3) and floating tensor outputs cast to
-  /// cast_model_outputs (float32 by default), so the loss is computed in FP32.
+  /// cast_model_outputs (float32 by default), so the loss is computed in FP32. Tensors inside tuples,
+  /// pairs, vectors, optionals and str-keyed maps, at any nesting (an LSTM's (output, (h, c))), are cast as
+  /// bare ones are (nested_tensors.h); an output of another type passes through uncast, with a warning
+  /// (once per type) that names it.
   /// The model: a module holder, a std::shared_ptr to a module, or a module itself (held by value). Use it
   /// for evaluation too: under O2/O3 a model called directly gets FP32 inputs for its low-precision
   /// weights ("Input type (float) and bias type (c10::BFloat16) should be the same").
@@ -216,10 +220,17 @@ class Amp {
  private:
   // autocast(), and a note that a grad-enabled forward went through forward() (scale_loss checks it).
   ampp::autocast forward_region() const;
+  // A tensor, or a copy of a container of them (detail::is_walkable_v) with each tensor cast; anything else as
+  // it was passed.
   template <typename T>
   decltype(auto) cast_arg(T&& arg) const {
-    if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) {
+    using U = std::decay_t<T>;
+    if constexpr (std::is_same_v<U, torch::Tensor>) {
       return cast_input(arg);
+    } else if constexpr (detail::is_walkable_v<U>) {
+      U copy = std::forward<T>(arg);
+      detail::cast_nested(copy, [this](const torch::Tensor& t) { return cast_input(t); }, /*warn_unknown=*/false);
+      return copy;
     } else {
       return std::forward<T>(arg);
     }
@@ -227,14 +238,8 @@ class Amp {
 
   template <typename Out>
   Out cast_outputs(Out out) const {
-    if constexpr (std::is_same_v<Out, torch::Tensor>) {
-      return cast_output(out);
-    } else if constexpr (std::is_same_v<Out, std::vector<torch::Tensor>>) {
-      for (auto& t : out) t = cast_output(t);
-      return out;
-    } else {
-      return out;  // other output types pass through unchanged
-    }
+    detail::cast_nested(out, [this](const torch::Tensor& t) { return cast_output(t); }, /*warn_unknown=*/true);
+    return out;
   }
 
   std::shared_ptr<detail::AmpState> state_;

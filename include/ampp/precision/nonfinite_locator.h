@@ -1,7 +1,8 @@
 #pragma once
-// The numerics doctor's forward locator (debug mode): the first op on this thread whose output held
-// inf/NaN although every floating input it got was finite, i.e. where a non-finite value was born,
-// with the ops it ran inside (under autocast, the lowered op and the rounding cast that overflowed).
+// The numerics doctor's locator (debug mode): the first op of this thread, or of the autograd worker threads
+// that run its backward (CUDA's), whose output held inf/NaN although every floating input it got was finite, i.e. where
+// a non-finite value was born, with the ops it ran inside (under autocast, the lowered op and the rounding cast that
+// overflowed).
 //
 //   std::optional<ampp::NonFiniteOrigin> origin;
 //   {
@@ -13,7 +14,9 @@
 //   if (origin) std::cerr << origin->describe() << "\n";
 //
 // It watches ops through LibTorch's dispatcher (a thread-local RecordFunction callback with inputs and
-// outputs), so it sees every aten op, whatever module or function called it. Off by default and free
+// outputs, which LibTorch hands on to the threads that run this thread's backward), so it sees every aten
+// op, whatever module or function called it, the scaled backward's on a GPU's autograd thread included.
+// One locator at a time in a process. Off by default and free
 // when no locator exists: nothing is registered. While one exists, each op's floating inputs and
 // outputs are read once more, so run it on the step to diagnose, not on every step. LibTorch's C++
 // modules record no scope of their own; given the model, the locator names the module by its

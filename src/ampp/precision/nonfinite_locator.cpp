@@ -1,5 +1,11 @@
 // NonFiniteLocator: a thread-local RecordFunction callback that checks every op's outputs, and on the
 // first non-finite one whose inputs were all finite, records where it happened.
+//
+// The callback is thread-local, so only this thread's ops are seen, and those of the threads LibTorch hands
+// this thread's state to: autograd's worker threads, which run a CUDA backward. The state it records into is
+// therefore not thread-local (a thread_local pointer was null on the worker thread, and a GPU's backward ops
+// went unseen): one locator per process, its state behind a recursive mutex (the checks run ops, which call
+// back on the same thread).
 
 #include <ampp/precision/nonfinite_locator.h>
 
@@ -7,6 +13,8 @@
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -24,6 +32,7 @@ struct OpenOp {
 };
 
 struct NonFiniteLocator::State {
+  std::recursive_mutex mutex;
   std::vector<OpenOp> open;
   int64_t seen = 0;
   std::optional<NonFiniteOrigin> first;
@@ -34,7 +43,7 @@ struct NonFiniteLocator::State {
 
 namespace {
 
-thread_local NonFiniteLocator::State* current = nullptr;
+std::atomic<NonFiniteLocator::State*> current{nullptr};
 
 bool is_float_tensor(const c10::IValue& v) {
   return v.isTensor() && v.toTensor().defined() && at::isFloatingType(v.toTensor().scalar_type());
@@ -102,8 +111,10 @@ void check_ended_op(NonFiniteLocator::State& st, const at::RecordFunction& fn) {
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  NonFiniteLocator::State* st = current;
-  if (st == nullptr || st->checking) return nullptr;
+  NonFiniteLocator::State* st = current.load();
+  if (st == nullptr) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(st->mutex);
+  if (st->checking) return nullptr;
   OpenOp op{fn.name(), ++st->seen, {}, true, {}};
   if (!st->first) {  // after the first finding nothing more is checked
     st->checking = true;
@@ -127,8 +138,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* /*unused*/) {
-  NonFiniteLocator::State* st = current;
-  if (st == nullptr || st->checking || st->open.empty()) return;
+  NonFiniteLocator::State* st = current.load();
+  if (st == nullptr) return;
+  std::lock_guard<std::recursive_mutex> lock(st->mutex);
+  if (st->checking || st->open.empty()) return;
   if (!st->first) {
     st->checking = true;
     try {
@@ -155,9 +168,9 @@ std::string NonFiniteOrigin::describe() const {
 }
 
 NonFiniteLocator::NonFiniteLocator() : state_(std::make_shared<State>()) {
-  TORCH_CHECK(current == nullptr,
-              "ampp::NonFiniteLocator: another locator is active on this thread; use one at a time");
-  current = state_.get();
+  State* none = nullptr;
+  TORCH_CHECK(current.compare_exchange_strong(none, state_.get()),
+              "ampp::NonFiniteLocator: another locator is active in this process; use one at a time");
   handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start, &on_end)
                                            .needsInputs(true)
                                            .needsOutputs(true)
@@ -166,7 +179,7 @@ NonFiniteLocator::NonFiniteLocator() : state_(std::make_shared<State>()) {
 
 NonFiniteLocator::~NonFiniteLocator() {
   at::removeCallback(handle_);
-  current = nullptr;
+  current.store(nullptr);
 }
 
 NonFiniteLocator::NonFiniteLocator(const torch::nn::Module& model) : NonFiniteLocator() {
@@ -176,8 +189,14 @@ NonFiniteLocator::NonFiniteLocator(const torch::nn::Module& model) : NonFiniteLo
   }
 }
 
-std::optional<NonFiniteOrigin> NonFiniteLocator::first() const { return state_->first; }
+std::optional<NonFiniteOrigin> NonFiniteLocator::first() const {
+  std::lock_guard<std::recursive_mutex> lock(state_->mutex);
+  return state_->first;
+}
 
-int64_t NonFiniteLocator::ops_seen() const { return state_->seen; }
+int64_t NonFiniteLocator::ops_seen() const {
+  std::lock_guard<std::recursive_mutex> lock(state_->mutex);
+  return state_->seen;
+}
 
 }  // namespace ampp
