@@ -1,8 +1,8 @@
 #pragma once
-// The numerics doctor's locator (debug mode): the first op of this thread, or of the autograd worker threads
-// that run its backward (CUDA's), whose output held inf/NaN although every floating input it got was finite, i.e. where
-// a non-finite value was born, with the ops it ran inside (under autocast, the lowered op and the rounding cast that
-// overflowed).
+// The numerics doctor's locator (debug mode): the first op whose output held inf/NaN although every
+// floating input it got was finite, i.e. where a non-finite value was born, with the ops it ran inside
+// (under autocast, the lowered op and the rounding cast that overflowed). It watches this thread's ops and
+// those of the autograd worker threads that run its backward (a GPU's).
 //
 //   std::optional<ampp::NonFiniteOrigin> origin;
 //   {
