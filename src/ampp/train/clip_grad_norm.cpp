@@ -5,11 +5,16 @@
 
 namespace ampp::train::detail {
 
-void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
-  torch::NoGradGuard no_grad;
+std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  const auto grads = gradients_of(params);
   if (grads.empty()) return;
   const auto norms = at::_foreach_norm(grads, 2);
   const auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);

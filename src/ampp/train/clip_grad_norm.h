@@ -9,6 +9,9 @@
 
 namespace ampp::train::detail {
 
+// The defined gradients of `params`, in their order (the ones clipping and the step's checks read).
+std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& params);
+
 // Clips the gradients of `params` (those without one are left out) in place; nothing is read on the host.
 void clip_grad_norm_on_device(const std::vector<torch::Tensor>& params, double max_norm);
 

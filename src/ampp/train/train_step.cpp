@@ -25,13 +25,6 @@ std::vector<std::string> non_finite_gradient_names(const std::vector<std::pair<s
   return names;
 }
 
-std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  return grads;
-}
-
 // The gradients the optimizer steps (O2: the masters'), by the model's parameter names.
 std::vector<std::pair<std::string, torch::Tensor>> named_master_gradients(const Run& run) {
   auto named = named_master_params(*run.model, run.amp);
