@@ -5,6 +5,7 @@
 #include "precision/test_util.h"
 
 #include <ampp/precision/autocast.h>
+#include <ampp/precision/kernels.h>
 #include <ampp/precision/rounding.h>
 #include <ampp/util/torch_version.h>
 
@@ -27,7 +28,7 @@ Tensors one(const torch::Tensor& t) { return {t}; }
 Tensors pair(const std::tuple<torch::Tensor, torch::Tensor>& t) { return {std::get<0>(t), std::get<1>(t)}; }
 torch::Tensor r(std::vector<int64_t> shape) { return torch::randn(shape); }
 
-// One call per op on the CUDA lower-precision list that runs on CPU (cudnn and _thnn ops do not).
+// One call per op on the CUDA lower-precision list that runs on CPU (cudnn, _thnn and flash-attention ops do not).
 std::vector<LowerOp> lower_ops() {
   torch::manual_seed(7);
   std::vector<LowerOp> ops = {
@@ -52,6 +53,17 @@ std::vector<LowerOp> lower_ops() {
       {"convolution",
        {r({1, 2, 6, 6}), r({3, 2, 3, 3})},
        [](const Tensors& x) { return one(at::convolution(x[0], x[1], {}, {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1)); }},
+      {"_convolution",
+       {r({1, 2, 6, 6}), r({3, 2, 3, 3}), r({3})},
+       [](const Tensors& x) {
+         return one(
+             at::_convolution(x[0], x[1], x[2], {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1, false, false, true, true));
+       }},
+      {"_convolution.deprecated",
+       {r({1, 2, 6, 6}), r({3, 2, 3, 3}), r({3})},
+       [](const Tensors& x) {
+         return one(at::_convolution(x[0], x[1], x[2], {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1, false, false, true));
+       }},
       {"conv_tbc",
        {r({5, 1, 2}), r({3, 2, 4}), r({4})},
        [](const Tensors& x) { return one(at::conv_tbc(x[0], x[1], x[2])); }},
@@ -127,17 +139,15 @@ TEST_F(Fp16CudaLists, EveryCudaFp16OpIsEmulatedInFp16) {
     }
     tested.insert(op.key);
   }
-  // Every CUDA lower-precision op this LibTorch has is covered, except those with no CPU kernel.
-  const std::set<std::string> no_cpu_kernel{"_convolution",
-                                            "_convolution.deprecated",
-                                            "cudnn_convolution",
-                                            "cudnn_convolution_transpose",
-                                            "_cudnn_rnn",  // a CUDA LibTorch's
-                                            "_thnn_fused_lstm_cell",
-                                            "_thnn_fused_gru_cell",
-                                            "_scaled_dot_product_flash_attention"};
+  // Every CUDA lower-precision op this LibTorch has is covered, except those with no CPU kernel, which a GPU reaches
+  // only from a listed op tested here (conv2d, lstm_cell, scaled_dot_product_attention), and _cudnn_rnn (a CUDA
+  // LibTorch's), which the CPU never reaches: it is emulated at lstm/gru/rnn_tanh/rnn_relu (fp16_rnn_test.cpp).
+  const std::set<std::string> no_cpu_kernel{"cudnn_convolution", "cudnn_convolution_transpose", "_thnn_fused_lstm_cell",
+                                            "_thnn_fused_gru_cell", "_scaled_dot_product_flash_attention"};
+  const std::set<std::string> emulated_as_composite_rnns{"_cudnn_rnn"};
   for (const auto& key : ampp::ops_with_policy(ampp::CastPolicy::kLowerPrecision, torch::kCUDA))
-    EXPECT_TRUE(tested.count(key) || no_cpu_kernel.count(key)) << key << " has no test here";
+    EXPECT_TRUE(tested.count(key) || no_cpu_kernel.count(key) || emulated_as_composite_rnns.count(key))
+        << key << " has no test here";
 }
 
 TEST_F(Fp16CudaLists, CudaFp32OpsStayFloat32AndCpuListsAreSelectable) {
@@ -157,6 +167,25 @@ TEST_F(Fp16CudaLists, CudaFp32OpsStayFloat32AndCpuListsAreSelectable) {
     EXPECT_TRUE(all_fp16_values(torch::mm(x, x.t())));
   }
   EXPECT_TRUE(all_fp16_values(torch::mv(x, v)));  // the enclosing region's lists again
+}
+
+// Ops only the CUDA lists name get ampp's kernel at the first fp16 region; bf16 regions then pass them through as
+// LibTorch's fallthrough does, so a composite op's inner GEMMs still run in bf16 (einsum's bmm here).
+TEST_F(Fp16CudaLists, CudaListKernelsPassBf16RegionsThrough) {
+  const auto a = torch::randn({2, 4, 5}), b = torch::randn({2, 5, 3});
+  auto einsum_bf16 = [&] {
+    ampp::autocast guard(torch::kCPU, torch::kBFloat16);
+    return torch::einsum("bij,bjk->bik", {a, b});
+  };
+  ampp::precision::uninstall_autocast_kernels();  // the next region installs the CPU lists' kernels only
+  const auto before = einsum_bf16();
+  {  // an fp16 region installs the CUDA lists' kernels, einsum's included
+    ampp::autocast fp16(torch::kCPU, torch::kHalf);
+  }
+  const auto after = einsum_bf16();
+  EXPECT_EQ(before.scalar_type(), torch::kBFloat16);  // as PyTorch's CPU autocast
+  EXPECT_EQ(after.scalar_type(), before.scalar_type());
+  EXPECT_TRUE(torch::equal(after, before));
 }
 
 // A user's CPU registration also holds in fp16 regions that follow the CUDA lists.

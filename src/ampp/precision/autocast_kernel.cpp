@@ -58,6 +58,12 @@ void call_without_autocast(const c10::OperatorHandle& op, Stack* stack) {
   op.callBoxed(stack);
 }
 
+// Past this op's AutocastCPU kernel with autocast still on, as LibTorch's fallthrough: a composite op's inner ops
+// (an LSTM's mkldnn_rnn_layer, einsum's bmm) are then autocast by their own policies.
+void redispatch_past_autocast(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack) {
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastCPU), stack);
+}
+
 // Autocast's promote rule: fp32 wins, lower+lower stays lower, fp64 is ignored, two different lower
 // types are an error (as LibTorch's at::autocast::prioritize).
 c10::ScalarType promote_type(Stack& stack, size_t n, c10::ScalarType lower) {
@@ -135,7 +141,7 @@ bool lower_bf16(const std::string& key, const c10::OperatorHandle& op, c10::Disp
     return true;
   } else if (key == "matmul") {
     // A composite op: let it decompose, with autocast still on, into the mm/bmm handled above.
-    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastCPU), stack);
+    redispatch_past_autocast(op, ks, stack);
     return true;
   } else if (compute == at::kBFloat16) {
     return false;
@@ -193,8 +199,10 @@ void autocast_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
       map_tensors(*stack, n,
                   [lower](const at::Tensor& t) { return at::autocast::cached_cast(lower, t, c10::DeviceType::CPU); });
       break;
-    default:  // none (an op whose registration was removed) and CUDA-only policies: run unchanged
-      break;
+    default:  // none: an op whose registration was removed, or one only the other lists name (an RNN in a bf16
+              // region once fp16 regions installed its kernel) runs as if ampp had no kernel for it
+      redispatch_past_autocast(op, ks, stack);
+      return;
   }
   call_without_autocast(op, stack);
 }
@@ -253,6 +261,7 @@ void ensure_cuda_list_kernels_installed() {
   // Ops outside the CPU table (exp, sum, mv, ...) then pass through ampp's kernel in bf16 regions too,
   // where their CPU policy is none: so this waits for the first fp16 region that needs it.
   for (const auto& key : default_table_ops(c10::DeviceType::CUDA)) inst.add(key);
+  for (const auto& key : cuda_rnn_ops()) inst.add(key);
   inst.cuda_lists = true;
 }
 

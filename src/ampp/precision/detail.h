@@ -30,8 +30,13 @@ std::string normalize_op_name(const std::string& op);  // strips "aten::"
 CastPolicy lookup_policy(const c10::OperatorName& name, c10::DeviceType device_type);
 // The policy of a table key ("addmm", "conv2d.padding") in `device_type`'s table (kNone if unlisted).
 CastPolicy table_policy(const std::string& key, c10::DeviceType device_type);
-// fp16 emulation following the CUDA lists: a user's CPU registration if there is one, else the CUDA table.
+// fp16 emulation following the CUDA lists: a user's CPU registration if there is one, else the CUDA table (and
+// lower precision for CUDA's RNN ops).
 CastPolicy lookup_emulated_cuda_policy(const c10::OperatorName& name);
+// CUDA's RNN ops as the CPU sees them (lstm.input, gru.data, ...): CUDA autocasts them to fp16 at _cudnn_rnn, which
+// the CPU never reaches, so fp16 emulation lowers them here (rnn_fp16.cpp).
+const std::vector<std::string>& cuda_rnn_ops();
+bool is_cuda_rnn_op(const std::string& key);
 // Keys of the ops LibTorch registers on AutocastCPU (its own CPU list), read before ampp's install.
 const std::set<std::string>& libtorch_cpu_autocast_ops();
 // Keys of the default table of `device_type`: the ops ampp registers its kernel for on AutocastCPU

@@ -267,7 +267,9 @@ CastPolicy lookup_emulated_cuda_policy(const c10::OperatorName& name) {
   const std::string key = policy_key(name);
   auto& r = registry();
   std::shared_lock<std::shared_mutex> lock(r.mutex);
-  return r.cpu_user.count(key) ? r.cpu_user.at(key) : policy_in(r.cuda, key);
+  if (r.cpu_user.count(key)) return r.cpu_user.at(key);
+  // CUDA casts its RNNs at _cudnn_rnn, outside the table's reach on a CPU (rnn_fp16.cpp).
+  return is_cuda_rnn_op(key) ? CastPolicy::kLowerPrecision : policy_in(r.cuda, key);
 }
 
 const std::set<std::string>& libtorch_cpu_autocast_ops() {
