@@ -139,23 +139,36 @@ TEST(DistributedSampler, NoDefaultGroupNamesTheFix) {
   }
 }
 
-// A shuffling sampler asked for a second pass in the same epoch (set_epoch forgotten) warns once, naming the
-// fix; with set_epoch between passes, or without shuffling, nothing is said.
-TEST(DistributedSampler, ANewPassWithoutSetEpochWarnsOnce) {
+// A shuffling sampler's second pass (reset(), a DataLoader's epoch start) in the same epoch (set_epoch
+// forgotten) warns, once per epoch, naming the fix; asking indices() says nothing however often it is asked;
+// with set_epoch between passes, or without shuffling, nothing is said.
+TEST(DistributedSampler, ASecondPassInOneEpochWarnsOncePerEpochAndIndicesNever) {
   auto warned = [](const std::function<void(DistributedSampler&)>& passes, bool shuffle) {
     auto s = make(10, 2, 0, shuffle);
     ::testing::internal::CaptureStderr();
     passes(s);
     return ::testing::internal::GetCapturedStderr();
   };
-  const auto forgotten = warned([](DistributedSampler& s) { s.indices(), s.indices(), s.indices(); }, true);
+  const auto count = [](const std::string& text) {
+    size_t n = 0;
+    for (auto at = text.find("set_epoch(epoch)"); at != std::string::npos; at = text.find("set_epoch(epoch)", at + 1))
+      ++n;
+    return n;
+  };
+  const auto forgotten = warned([](DistributedSampler& s) { s.reset(), s.reset(), s.reset(); }, true);
   EXPECT_NE(forgotten.find("a new pass over the data in epoch 0 again, in the same order: call sampler.set_epoch"),
             std::string::npos)
       << forgotten;
-  EXPECT_EQ(forgotten.find("set_epoch"), forgotten.rfind("set_epoch")) << "once: " << forgotten;
+  EXPECT_EQ(count(forgotten), 1u) << "once: " << forgotten;
+  const auto two_epochs = warned(
+      [](DistributedSampler& s) { s.reset(), s.reset(), s.set_epoch(1), s.reset(), s.reset(), s.reset(); }, true);
+  EXPECT_EQ(count(two_epochs), 2u) << "once per epoch: " << two_epochs;
+  EXPECT_NE(two_epochs.find("in epoch 1 again"), std::string::npos) << two_epochs;
+  const auto inspected = warned([](DistributedSampler& s) { s.indices(), s.indices(), s.reset(), s.indices(); }, true);
+  EXPECT_EQ(inspected.find("DistributedSampler"), std::string::npos) << inspected;
   const auto epochs_set =
       warned([](DistributedSampler& s) { s.reset(), s.set_epoch(1), s.reset(), s.set_epoch(2), s.indices(); }, true);
   EXPECT_EQ(epochs_set.find("DistributedSampler"), std::string::npos) << epochs_set;
-  const auto in_order = warned([](DistributedSampler& s) { s.indices(), s.indices(); }, false);
+  const auto in_order = warned([](DistributedSampler& s) { s.reset(), s.reset(); }, false);
   EXPECT_EQ(in_order.find("DistributedSampler"), std::string::npos) << in_order;
 }

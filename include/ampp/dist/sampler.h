@@ -37,16 +37,16 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return *epoch_; }
 
-  // This rank's indices for the current epoch (PyTorch's list(iter(sampler))). A shuffling sampler asked
-  // twice in the same epoch warns once: set_epoch(epoch) was forgotten, and every epoch would see the same
-  // order (PyTorch stays silent).
+  // This rank's indices for the current epoch (PyTorch's list(iter(sampler))); a query, as often as needed.
   std::vector<size_t> indices() const;
   // num_samples: per-rank length (PyTorch's len(sampler)); total_size = num_samples * num_replicas.
   size_t size() const { return num_samples_; }
   size_t total_size() const { return num_samples_ * static_cast<size_t>(num_replicas_); }
   const DistributedSamplerOptions& options() const { return options_; }
 
-  // torch::data::samplers::Sampler interface (DataLoader calls reset() at each epoch start: indices()).
+  // torch::data::samplers::Sampler interface (DataLoader calls reset() at each epoch start: a new pass). A
+  // shuffling sampler's second pass in one epoch warns, once per epoch: set_epoch(epoch) was forgotten, and
+  // every epoch would see the same order (PyTorch stays silent).
   void reset(torch::optional<size_t> new_size = torch::nullopt) override;
   torch::optional<std::vector<size_t>> next(size_t batch_size) override;
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -54,16 +54,17 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 
  private:
   void compute_num_samples();
+  void warn_if_the_order_repeats() const;
   size_t dataset_size_;
   DistributedSamplerOptions options_;
   int64_t num_replicas_;
   int64_t rank_;
   std::shared_ptr<int64_t> epoch_ = std::make_shared<int64_t>(0);  // shared by copies (set_epoch)
-  // The epoch of the last pass (indices()) and whether the warning above was given, shared as the epoch is
-  // (a loader's copy resets).
+  // The epoch of the last pass (reset()) and the last epoch the warning above was given in, shared as the
+  // epoch is (a loader's copy resets).
   struct Passes {
     std::optional<int64_t> last_epoch;
-    bool warned = false;
+    std::optional<int64_t> warned_epoch;
   };
   std::shared_ptr<Passes> passes_ = std::make_shared<Passes>();
   size_t num_samples_ = 0;

@@ -38,13 +38,6 @@ void DistributedSampler::compute_num_samples() {
 void DistributedSampler::set_epoch(int64_t epoch) { *epoch_ = epoch; }
 
 std::vector<size_t> DistributedSampler::indices() const {
-  if (options_.shuffle() && passes_->last_epoch == *epoch_ && !passes_->warned) {
-    passes_->warned = true;
-    TORCH_WARN("ampp::dist::DistributedSampler: a new pass over the data in epoch ", *epoch_,
-               " again, in the same order: call sampler.set_epoch(epoch) before each epoch (PyTorch's rule), or every "
-               "epoch shuffles alike");
-  }
-  passes_->last_epoch = *epoch_;
   const size_t n = dataset_size_, total = total_size();
   std::vector<size_t> all;
   all.reserve(std::max(n, total));
@@ -72,11 +65,24 @@ std::vector<size_t> DistributedSampler::indices() const {
   return mine;
 }
 
+// A pass (reset(): a DataLoader's epoch start) in the epoch of the pass before it, shuffling: set_epoch was
+// forgotten and this epoch sees the previous one's order. Said once per epoch; indices() is a query and
+// says nothing, however often it is asked.
+void DistributedSampler::warn_if_the_order_repeats() const {
+  if (!options_.shuffle() || passes_->last_epoch != *epoch_ || passes_->warned_epoch == *epoch_) return;
+  passes_->warned_epoch = *epoch_;
+  TORCH_WARN("ampp::dist::DistributedSampler: a new pass over the data in epoch ", *epoch_,
+             " again, in the same order: call sampler.set_epoch(epoch) before each epoch (PyTorch's rule), or every "
+             "epoch shuffles alike");
+}
+
 void DistributedSampler::reset(torch::optional<size_t> new_size) {
   if (new_size) {
     dataset_size_ = *new_size;
     compute_num_samples();
   }
+  warn_if_the_order_repeats();
+  passes_->last_epoch = *epoch_;
   current_ = indices();
   position_ = 0;
 }
