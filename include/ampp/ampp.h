@@ -4,13 +4,14 @@
 // stands alone. The headers under include/ampp that this one does not reach are internal, and say so.
 // The API is LibTorch's types and ampp's own: no fmt, nlohmann-json or protobuf type appears in it.
 
-// util: number parsing, core and thread counts, the LibTorch version macro
+// util: number parsing, core and thread counts, the LibTorch version macro, ampp's version
 #include <ampp/util/batch_norm_like.h>
 #include <ampp/util/launch_environment.h>
 #include <ampp/util/parse_number.h>
 #include <ampp/util/state_dict.h>
 #include <ampp/util/threads.h>
 #include <ampp/util/torch_version.h>
+#include <ampp/util/version.h>
 
 // numerics: fused unscale + non-finite check, the loss-scale update rule
 #include <ampp/numerics/unscale.h>
@@ -63,4 +64,5 @@
 #include <ampp/train/named_master_params.h>
 #include <ampp/train/prefetcher.h>
 #include <ampp/train/pytorch_training_checkpoint.h>
+#include <ampp/train/save.h>
 #include <ampp/train/tensorboard.h>

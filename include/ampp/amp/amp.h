@@ -79,6 +79,7 @@ struct AmpProfile {
 /// apex's state_dict: {"loss_scaler0": {"loss_scale": double, "unskipped": int}, ...} (each entry a
 /// GenericDict IValue); under O2 also "master_params": the FP32 masters in optimizer order (a TensorList),
 /// so a round trip loses no precision. A StateDict (util/state_dict.h), as GradScaler::state_dict() is.
+using AmpStateDict [[deprecated("use ampp::StateDict (ampp/util/state_dict.h); removed in 0.3")]] = StateDict;
 
 /// What `amp.scale_loss(loss)` returns: backward() does apex's whole with-block.
 class ScaledLoss {

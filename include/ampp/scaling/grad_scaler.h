@@ -107,6 +107,7 @@ using FoundInfHook = std::function<void(torch::Tensor& found_inf)>;
 /// "growth_interval" (int), "_growth_tracker" (int); ampp extras "_ampp_hysteresis_tracker",
 /// "_ampp_skipped_steps", "_ampp_min_scale_overflows" (ints), in that order. Empty when disabled. A StateDict
 /// (util/state_dict.h), so it nests in a checkpoint's dict as it is.
+using GradScalerStateDict [[deprecated("use ampp::StateDict (ampp/util/state_dict.h); removed in 0.3")]] = StateDict;
 
 class GradScaler {
  public:

@@ -217,7 +217,7 @@ Dict state_dict_of(const std::vector<Dict>& states, const c10::IValue& param_gro
 StateDict FullyShardedDataParallel::full_optimizer_state_dict(const torch::optim::Optimizer& optimizer) const {
   torch::NoGradGuard no_grad;
   const auto params = params_by_index(optimizer, state_->params);
-  const Dict sharded = c10::impl::toGenericDict(optimizer_state_dict(optimizer));
+  const Dict sharded = c10::impl::toGenericDict(optimizer_state_dict(optimizer).dict());
   auto states = states_by_index(sharded, params.size());
   // Every rank gathers the same entries in the same order: the ranks step the same parameters (each gets
   // a gradient, empty shards too), so they hold the same state keys. Checked, as a mismatch would hang.
