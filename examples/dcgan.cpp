@@ -30,7 +30,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
-#include <filesystem>
 
 namespace {
 
@@ -92,44 +91,27 @@ struct Gan {
   torch::optim::Adam opt_d{d->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999})};
 };
 
-void save(Gan& gan, const ampp::Amp& amp, int64_t epochs_done, const std::string& path) {
-  torch::serialize::OutputArchive archive, g, d, opt_g, opt_d;
-  gan.g->save(g);
-  gan.d->save(d);
-  gan.opt_g.save(opt_g);
-  gan.opt_d.save(opt_d);
-  archive.write("g", g);
-  archive.write("d", d);
-  archive.write("opt_g", opt_g);
-  archive.write("opt_d", opt_d);
-  for (const auto& item : amp.state_dict()) archive.write("amp." + item.key(), item.value());
-  archive.write("epochs_done", c10::IValue(epochs_done));
-  archive.save_to(path + ".part");
-  std::filesystem::rename(path + ".part", path);  // never half-written
+// One call each way (ampp/train/save.h): a PyTorch-format file, written atomically by rank 0, read through
+// ampp's checked reader. The models and optimizers before the amp state, as apex orders them.
+void save(Gan& gan, ampp::Amp& amp, int64_t epochs_done, const std::string& path) {
+  ampp::save(path, {{"g", gan.g},
+                    {"d", gan.d},
+                    {"opt_g", gan.opt_g},
+                    {"opt_d", gan.opt_d},
+                    {"amp", amp},
+                    {"epochs_done", epochs_done}});
 }
 
 // After initialize (as apex: the model and optimizers, then the amp state); returns the epochs done.
 int64_t load(Gan& gan, ampp::Amp& amp, const std::string& path) {
-  torch::serialize::InputArchive archive;
-  ampp::read_archive_file(archive, path);  // checked, as a file from elsewhere should be
-  torch::serialize::InputArchive g, d, opt_g, opt_d;
-  archive.read("g", g);
-  archive.read("d", d);
-  gan.g->load(g);
-  gan.d->load(d);
-  archive.read("opt_g", opt_g);
-  archive.read("opt_d", opt_d);
-  gan.opt_g.load(opt_g);
-  gan.opt_d.load(opt_d);
-  ampp::StateDict state = ampp::make_state_dict();
-  for (const auto& key : archive.keys()) {
-    c10::IValue value;
-    if (key.rfind("amp.", 0) == 0 && archive.try_read(key, value)) state.insert(key.substr(4), value);
-  }
-  amp.load_state_dict(state);
-  c10::IValue epochs_done;
-  archive.read("epochs_done", epochs_done);
-  return epochs_done.toInt();
+  int64_t epochs_done = 0;
+  ampp::load(path, {{"g", gan.g},
+                    {"d", gan.d},
+                    {"opt_g", gan.opt_g},
+                    {"opt_d", gan.opt_d},
+                    {"amp", amp},
+                    {"epochs_done", epochs_done}});
+  return epochs_done;
 }
 
 // Whether `t` is bitwise the same on every rank (MAX and MIN of it agree).

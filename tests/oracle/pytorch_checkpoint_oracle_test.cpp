@@ -5,10 +5,14 @@
 // float32 rounding with Adam (PyTorch updates exp_avg with lerp_, LibTorch with mul_ and add_).
 #include <ampp/io/pytorch_checkpoint.h>
 #include <ampp/scaling/grad_scaler.h>
+#if AMPP_ORACLE_HAS_TRAIN
+#include <ampp/train/save.h>
+#endif
 #include <gmock/gmock.h>
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "ampp_test.h"
 #include "oracle.h"
@@ -85,24 +89,23 @@ class PyTorchCheckpoint : public ::testing::TestWithParam<std::string> {
   void SetUp() override { torch::set_num_threads(1); }  // as the oracle: one reduction order
 };
 
-TEST_P(PyTorchCheckpoint, AmppWritesWhatPlainTorchLoadReadsAndTrainsOnExactly) {
+using Save = std::function<void(const std::string& path, torch::nn::Sequential& model, torch::optim::Optimizer& opt,
+                                ampp::GradScaler& scaler, int64_t epoch)>;
+
+// A run trained, saved with `save`, opened by plain torch.load and trained on in Python and here alike.
+void expect_python_resumes(const std::string& optimizer, const Save& save) {
   TempDir tmp;
   const std::string path = (tmp.path() / "ckpt.pt").string();
   torch::manual_seed(1);
   auto model = make_model();
-  auto opt = make_optimizer(GetParam(), model, 0.05);
+  auto opt = make_optimizer(optimizer, model, 0.05);
   ampp::GradScaler scaler(ampp::GradScalerOptions().init_scale(1024.0).growth_interval(2));
   train(model, *opt, batches(3, 2), &scaler);
-  auto ckpt = ampp::make_pytorch_dict();
-  ckpt.insert("model", ampp::module_state_dict(*model));
-  ckpt.insert("optimizer", ampp::optimizer_state_dict(*opt));
-  ckpt.insert("scaler", ampp::scaler_state_dict(scaler));
-  ckpt.insert("epoch", int64_t{5});
-  ampp::save_pytorch(ckpt, path);
+  save(path, model, *opt, scaler, 5);
   const auto more = batches(2, 3);
   auto answer = ampp_oracle::run(
       "pytorch_checkpoint_oracle.py",
-      {{"mode", "load"}, {"path", path}, {"optimizer", GetParam()}, {"continue", encode_batches(more)}});
+      {{"mode", "load"}, {"path", path}, {"optimizer", optimizer}, {"continue", encode_batches(more)}});
   if (!answer) GTEST_SKIP() << ampp_oracle::skip_message();
   EXPECT_EQ(answer->at("epoch"), 5);
   EXPECT_EQ(answer->at("lr").get<double>(), 0.05);
@@ -111,8 +114,30 @@ TEST_P(PyTorchCheckpoint, AmppWritesWhatPlainTorchLoadReadsAndTrainsOnExactly) {
     EXPECT_EQ(answer->at("scaler").at("growth_tracker").get<int64_t>(), scaler.get_growth_tracker());
   }
   train(model, *opt, more);
-  expect_same_weights(model, *answer, GetParam() == "sgd");
+  expect_same_weights(model, *answer, optimizer == "sgd");
 }
+
+TEST_P(PyTorchCheckpoint, AmppWritesWhatPlainTorchLoadReadsAndTrainsOnExactly) {
+  expect_python_resumes(GetParam(), [](const std::string& path, torch::nn::Sequential& model,
+                                       torch::optim::Optimizer& opt, ampp::GradScaler& scaler, int64_t epoch) {
+    auto ckpt = ampp::make_pytorch_dict();
+    ckpt.insert("model", ampp::module_state_dict(*model));
+    ckpt.insert("optimizer", ampp::optimizer_state_dict(opt));
+    ckpt.insert("scaler", ampp::scaler_state_dict(scaler));
+    ckpt.insert("epoch", epoch);
+    ampp::save_pytorch(ckpt, path);
+  });
+}
+
+#if AMPP_ORACLE_HAS_TRAIN
+// The same file from one call of ampp::save (train/save.h).
+TEST_P(PyTorchCheckpoint, OneAmppSaveIsWhatPlainTorchLoadReadsAndTrainsOnExactly) {
+  expect_python_resumes(GetParam(), [](const std::string& path, torch::nn::Sequential& model,
+                                       torch::optim::Optimizer& opt, ampp::GradScaler& scaler, int64_t epoch) {
+    ampp::save(path, {{"model", model}, {"optimizer", opt}, {"scaler", scaler}, {"epoch", epoch}});
+  });
+}
+#endif
 
 TEST_P(PyTorchCheckpoint, TorchSaveOfStateDictsLoadsIntoLibTorchAndTrainsOnExactly) {
   TempDir tmp;
