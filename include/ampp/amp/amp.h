@@ -147,7 +147,7 @@ class Amp {
 
   /// The region for the model's forward (and the loss): O1 -> ampp::autocast(device, dtype);
   /// O2/O3 -> ampp::autocast of the model's dtype (fp16 emulation on CPU; hardware-aware bf16 GEMMs);
-  /// O0 and disabled -> a region with autocast off.
+  /// O0, casts to FP32 and disabled -> the caller's region, left as it is (docs/opt_levels.md).
   ampp::autocast autocast() const;
 
   /// apex's patched model.forward: runs `model->forward(args...)` inside autocast(), with floating

@@ -10,7 +10,8 @@
 //
 //   property               O0        O1        O2         O3
 //   cast_model_type        float32   (none)    low        low
-//   patch_torch_functions  false     true      false      false     (= ampp::autocast around forward)
+//   patch_torch_functions  false     true      false      false     (O1's autocast; O2/O3's forward runs in a
+//                                                                    region of the model's dtype too)
 //   keep_batchnorm_fp32    (none)    (none)    true       false
 //   master_weights         false     (none)    true       false
 //   loss_scale             1.0       dynamic   dynamic    1.0
@@ -84,7 +85,8 @@ class Properties {
   Properties& cast_model_type(c10::ScalarType type);
   Properties& cast_model_type(c10::nullopt_t);
 
-  /// Run the model's forward under ampp::autocast (apex patches torch functions instead). O1 only.
+  /// O1's switch: the forward of an FP32 model under ampp::autocast (apex patches torch functions instead).
+  /// A model cast to a low dtype (O2/O3) gets a region of that dtype either way (docs/opt_levels.md).
   bool patch_torch_functions() const { return patch_torch_functions_; }
   Properties& patch_torch_functions(bool value);
 
