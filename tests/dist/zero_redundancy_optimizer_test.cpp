@@ -6,8 +6,10 @@
 #include <ampp/amp/initialize.h>
 #include <ampp/dist/join.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
+#include <ampp/scaling/fused_optimizers.h>
 
 #include "ampp_test.h"
+#include "host_reads.h"
 #include "io/rewritten_archive.h"
 
 #include <fstream>
@@ -225,12 +227,52 @@ TEST(ZeroRedundancyOptimizer, GradScalerSkipsOnEveryRankTogetherAndClippingMatch
         stepped.push_back(scaler.step(opt));
         scaler.update();
       }
-      EXPECT_EQ(stepped[0], step != 1) << "step " << step;
+      // ZeRO takes GradScaler's fused path (GradScaleAwareOptimizer): "handed to the optimizer", which skips.
+      EXPECT_TRUE(stepped[0]) << "step " << step;
+      EXPECT_EQ(zero_scaler.found_inf_last_step(), step == 1) << "step " << step;
       EXPECT_EQ(stepped[1], step != 1) << "step " << step;
       if (step == 1) EXPECT_TRUE(torch::equal(flat_params(sharded.ddp.parameters()), before));
       EXPECT_TRUE(torch::equal(flat_params(sharded.ddp.parameters()), flat_params(plain.ddp.parameters())))
           << "step " << step;
     }
+    EXPECT_TRUE(same_on_all_ranks(pg, flat_params(sharded.ddp.parameters())));
+  });
+}
+
+// With a fused local optimizer ZeRO hands it the scaler's scale and skip flag: a scaled step, skipped or
+// not, reads nothing on the host (issue 52, defect 8), and the run is unsharded FusedSGD's bit for bit.
+TEST(ZeroRedundancyOptimizer, AFusedLocalOptimizerSkipsOnTheDeviceWithNoHostReadAsUnshardedFusedSgd) {
+  on_ranks(2, [&](int rank, const ProcessGroup& pg) {
+    Trainee sharded(rank + 1, pg), plain(rank + 1, pg);
+    const auto options = SGDOptions(0.1).momentum(0.9);
+    ZeroRedundancyOptimizer zero(
+        {torch::optim::OptimizerParamGroup(sharded.ddp.parameters())},
+        [options](const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+          return std::make_unique<ampp::FusedSGD>(groups, options);
+        },
+        ZeroRedundancyOptimizerOptions().process_group(pg));
+    ampp::FusedSGD reference(plain.ddp.parameters(), options);
+    ampp::GradScaler zero_scaler, plain_scaler;
+    int reads = 0;
+    for (int step = 0; step < 5; ++step) {
+      auto d = world_batch(step, rank, 2);
+      if (step == 2 && rank == 1) d.x[0][0] = std::numeric_limits<float>::infinity();
+      for (auto* side : {&sharded, &plain}) {
+        const bool is_zero = side == &sharded;
+        torch::optim::Optimizer& opt = is_zero ? static_cast<torch::optim::Optimizer&>(zero) : reference;
+        auto& scaler = is_zero ? zero_scaler : plain_scaler;
+        opt.zero_grad();
+        scaler.scale(torch::mse_loss(side->ddp.forward(d.x), d.y)).backward();
+        HostReadCounter counter;
+        scaler.step(opt);
+        scaler.update();
+        if (is_zero && step > 0) reads += counter.count();  // step 0: DDP's first iteration sets its buckets
+      }
+      EXPECT_TRUE(torch::equal(flat_params(sharded.ddp.parameters()), flat_params(plain.ddp.parameters())))
+          << "step " << step;
+    }
+    EXPECT_EQ(reads, 0) << "host reads in ZeRO's scaled steps";
+    EXPECT_EQ(zero_scaler.skipped_steps(), 1);
     EXPECT_TRUE(same_on_all_ranks(pg, flat_params(sharded.ddp.parameters())));
   });
 }

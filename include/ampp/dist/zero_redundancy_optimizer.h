@@ -11,11 +11,16 @@
 // It is a torch::optim::Optimizer: param_groups() lists every parameter (so GradScaler::unscale_,
 // gradient clipping, zero_grad and learning-rate changes work as with the wrapped optimizer; option
 // changes reach the local optimizer at the next step(), as in PyTorch). Every rank must call step().
+// It takes the GradScaler's scale, skip flag and a tensor lr as a fused optimizer does
+// (GradScaleAwareOptimizer) and hands them to the local optimizer: with a fused one (FusedSGD, FusedAdamW)
+// a scaled, skipped or scheduled step reads nothing on the host; with a plain one ZeRO unscales the shard's
+// gradients itself and reads the skip flag and the lr on the host (docs/architecture.md, the training step).
 // Checkpoints: save_consolidated() writes the state of all shards as the *unsharded* optimizer's
 // archive (loadable by a plain optimizer of the same type, or by a ZeroRedundancyOptimizer of any
 // world size); save_shard() writes this rank's shard alone (same world size only).
 #include <ampp/dist/join.h>
 #include <ampp/dist/process_group.h>
+#include <ampp/scaling/fused_optimizers.h>
 #include <ampp/util/sharded_optimizer.h>
 
 #include <torch/arg.h>
@@ -51,7 +56,10 @@ using OptimizerFactory =
 std::vector<int> assign_parameters_to_ranks(const std::vector<torch::optim::OptimizerParamGroup>& groups,
                                             int world_size);
 
-class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOptimizer, public Joinable {
+class ZeroRedundancyOptimizer : public torch::optim::Optimizer,
+                                public ShardedOptimizer,
+                                public Joinable,
+                                public GradScaleAwareOptimizer {
  public:
   ZeroRedundancyOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& groups, OptimizerFactory factory,
                           ZeroRedundancyOptimizerOptions options = {});
@@ -122,6 +130,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public ShardedOp
   std::vector<torch::optim::OptimizerParamGroup> groups_of_rank(int rank) const;
   torch::Tensor owners_tensor() const;  // for a shard's file
   void sync_options_to_local();
+  void step_local();
+  void step_plain_local();
   void broadcast_parameters();
 
   ProcessGroup group_;

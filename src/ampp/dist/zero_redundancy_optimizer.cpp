@@ -165,13 +165,47 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
               "ZeroRedundancyOptimizer: param groups were added after construction (", param_groups_.size(), " vs ",
               local_->param_groups().size(), "); build a new ZeroRedundancyOptimizer over all groups instead");
   sync_options_to_local();
-  {
-    torch::NoGradGuard no_grad;
-    local_->step();
-  }
+  step_local();
   if (after_local_step_) after_local_step_();
   broadcast_parameters();
   return {};
+}
+
+// The scale, skip flag and lr tensor set for this step (GradScaleAwareOptimizer) go to a fused local
+// optimizer as they are: the skip is decided on the device. A plain one gets what GradScaler's own path
+// would do for it. Every rank sees the same flag (the gradients were averaged first), so every rank skips
+// alike and the broadcast after it stays collective.
+void ZeroRedundancyOptimizer::step_local() {
+  torch::NoGradGuard no_grad;
+  if (auto* fused = dynamic_cast<GradScaleAwareOptimizer*>(local_.get())) {
+    const auto device = parameters_device(param_groups_);
+    fused->set_grad_scaling(grad_scale_on(device).value_or(torch::Tensor()),
+                            found_inf_on(device).value_or(torch::Tensor()));
+    fused->set_lr_tensor(lr_tensor());
+    local_->step();
+  } else {
+    step_plain_local();
+  }
+  end_of_step();
+}
+
+// A plain local optimizer: the skip flag and a tensor lr are read on the host, the shard's gradients
+// divided by the scale here.
+void ZeroRedundancyOptimizer::step_plain_local() {
+  const auto params = local_parameters();
+  if (params.empty()) return;  // more ranks than parameters: this rank owns none
+  const auto device = params.front().device();
+  if (const auto found_inf = found_inf_on(device); found_inf && found_inf->item<float>() != 0.0F) return;
+  if (const auto scale = grad_scale_on(device)) {
+    const auto inv_scale = scale->to(torch::kDouble).reciprocal().to(torch::kFloat);  // as GradScaler.unscale_
+    for (const auto& p : params)
+      if (p.grad().defined()) p.mutable_grad().mul_(inv_scale);
+  }
+  if (lr_tensor().defined()) {
+    const double lr = lr_tensor().item<double>();
+    for (auto& group : local_->param_groups()) group.options().set_lr(lr);
+  }
+  local_->step();
 }
 
 void ZeroRedundancyOptimizer::broadcast_parameters() {
