@@ -88,6 +88,27 @@ TEST(SyncBatchNorm, ThreeRanksOneOfThemEmptyEqualOneProcessOnTheWholeBatch) {
   on_ranks(3, [](int rank, const ProcessGroup& group) { check_against_one_process(rank, group, {2, 0, 4}); });
 }
 
+// A channels_last batch stays channels_last through forward and backward (no NCHW copy; issue 52, defect 7)
+// and gets the NCHW batch's values.
+TEST(SyncBatchNorm, ChannelsLastStaysChannelsLastWithTheSameValues) {
+  const std::vector<int64_t> sizes{3, 5};
+  on_ranks(2, [&](int rank, const ProcessGroup&) {
+    const auto rows = rows_of(whole_batch(sizes), sizes, rank);
+    const auto upstream = torch::randn_like(rows);
+    SyncBatchNorm nchw(kChannels), last(kChannels);
+    auto x = rows.clone().requires_grad_(true);
+    auto x_last = rows.contiguous(torch::MemoryFormat::ChannelsLast).requires_grad_(true);
+    const auto y = nchw->forward(x), y_last = last->forward(x_last);
+    (y * upstream).sum().backward();
+    (y_last * upstream).sum().backward();
+    EXPECT_TRUE(y_last.is_contiguous(torch::MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(x_last.grad().is_contiguous(torch::MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(torch::allclose(y_last, y, 1e-6, 1e-6));
+    EXPECT_TRUE(torch::allclose(x_last.grad(), x.grad(), 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(last->weight.grad(), nchw->weight.grad(), 1e-5, 1e-6));
+  });
+}
+
 // bf16 activations into an FP32 SyncBatchNorm (O2's layout): bf16 out, float32 statistics.
 TEST(SyncBatchNorm, Bf16InputsAreNormalisedWithFloat32Statistics) {
   const std::vector<int64_t> sizes{4, 2};

@@ -30,7 +30,7 @@ struct GlobalStats {
   torch::Tensor mean;      // (C), accumulate dtype
   torch::Tensor var;       // (C), biased, accumulate dtype
   torch::Tensor unbiased;  // (C), for the running variance
-  double count = 0;        // elements per channel over all ranks
+  torch::Tensor count;     // 0-dim double: elements per channel over all ranks, on the input's device
 };
 
 // [mean (C), biased var (C), count] of this rank, sent in double (exact counts, a stable merge).
@@ -43,17 +43,30 @@ torch::Tensor local_stats(const torch::Tensor& x, int64_t channels) {
                      torch::full({1}, static_cast<double>(count), x.options().dtype(torch::kDouble))});
 }
 
-// Chan et al.'s pairwise merge, all ranks at once: M2 = sum n_r var_r + sum n_r (mean_r - mean)^2.
+// Fewer than two values per channel over all ranks have no variance. The counts are on the input's device:
+// on the CPU they are read here; on a GPU that read would wait for the allgather in every layer's forward,
+// so there only this rank's own count is checked, from the shapes (PyTorch's rule).
+void check_more_than_one_value(const torch::Tensor& counts, int64_t local_count, int world_size) {
+  if (!counts.is_cpu()) {
+    TORCH_CHECK(local_count > 1 || world_size > 1,
+                "SyncBatchNorm: expected more than 1 value per channel when "
+                "training, got ",
+                local_count, "; use larger batches or eval()");
+    return;
+  }
+  const double total = counts.sum().item<double>();
+  if (total > 1) return;
+  std::string per_rank;  // every rank sees the same counts, so every rank fails here together
+  for (int64_t r = 0; r < counts.size(0); ++r) per_rank += (r ? ", " : "") + std::to_string(counts[r].item<int64_t>());
+  TORCH_CHECK(false, "SyncBatchNorm: expected more than 1 value per channel over all ranks when training, got ", total,
+              " (values per channel on each rank: ", per_rank, "); use larger batches or eval()");
+}
+
+// Chan et al.'s pairwise merge, all ranks at once: M2 = sum n_r var_r + sum n_r (mean_r - mean)^2. On the
+// device: nothing is read on the host.
 GlobalStats merge_stats(const torch::Tensor& gathered, int64_t channels, c10::ScalarType dtype) {
   const auto counts = gathered.select(1, 2 * channels);  // (W)
-  const double total = counts.sum().item<double>();
-  if (total <= 1) {  // every rank sees the same counts, so every rank fails here together
-    std::string per_rank;
-    for (int64_t r = 0; r < counts.size(0); ++r)
-      per_rank += (r ? ", " : "") + std::to_string(counts[r].item<int64_t>());
-    TORCH_CHECK(false, "SyncBatchNorm: expected more than 1 value per channel over all ranks when training, got ",
-                total, " (values per channel on each rank: ", per_rank, "); use larger batches or eval()");
-  }
+  const auto total = counts.sum();
   const auto means = gathered.narrow(1, 0, channels);        // (W, C)
   const auto vars = gathered.narrow(1, channels, channels);  // (W, C)
   const auto n = counts.unsqueeze(1);
@@ -95,13 +108,15 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
                                double eps, const ProcessGroup& group) {
     // Explicit dtypes below; an enclosing autocast region must not re-cast the arithmetic.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const auto x = input.contiguous();
+    const auto x = input.contiguous(input.suggest_memory_format());  // channels_last stays channels_last
     const int64_t channels = x.size(1);
     std::vector<std::vector<torch::Tensor>> gathered{std::vector<torch::Tensor>(static_cast<size_t>(group.size()))};
     std::vector<torch::Tensor> local{local_stats(x, channels)};
     for (auto& t : gathered[0]) t = torch::empty_like(local[0]);
     group.c10d()->allgather(gathered, local)->wait();
-    const auto stats = merge_stats(torch::stack(gathered[0]), channels, accumulate_dtype(x));
+    const auto all = torch::stack(gathered[0]);
+    check_more_than_one_value(all.select(1, 2 * channels), x.numel() / channels, group.size());
+    const auto stats = merge_stats(all, channels, accumulate_dtype(x));
     update_running_stats(stats, running);
 
     const auto invstd = (stats.var + eps).rsqrt();
@@ -123,7 +138,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const auto &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3];
     const auto acc = invstd.scalar_type();
     const int64_t channels = x.size(1), dim = x.dim();
-    const auto xa = x.to(acc), dy = grad_outputs[0].contiguous().to(acc);
+    const auto xa = x.to(acc), dy = grad_outputs[0].contiguous(x.suggest_memory_format()).to(acc);
     auto sum_dy = torch::zeros({channels}, dy.options()), sum_dy_xmu = torch::zeros_like(sum_dy);
     if (x.numel() > 0) {
       // LibTorch's fused BatchNorm backward asked for its two reductions only: with invstd 1 its weight
@@ -140,7 +155,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     if (ctx->needs_input_grad(0)) {
       std::vector<torch::Tensor> combined{torch::cat({sum_dy, sum_dy_xmu})};
       saved_group(ctx).c10d()->allreduce(combined)->wait();
-      const double count = ctx->saved_data["count"].toDouble();
+      const auto count = ctx->saved_data["count"].toTensor().to(acc);
       const auto mean_dy = combined[0].narrow(0, 0, channels) / count;
       const auto mean_dy_xmu = combined[0].narrow(0, channels, channels) / count;
       // (dy - mean_dy - (x - mean) * invstd^2 * mean_dy_xmu) * invstd * weight, in three passes;

@@ -117,9 +117,11 @@ void start_ddp(Run& run) {
   if (run.device.is_cuda()) {
     run.device_group = gpu_gradient_group(run);
     run.ddp.emplace(run.model, *run.device_group, options);
-    // Their groups are set where the model and the optimizer are made, before DDP's: the run's own.
-    if (run.o.sync_batch_norm() || run.o.zero())
-      run.communication += "; SyncBatchNorm and ZeRO go through the run's Gloo group (CUDA tensors via the host)";
+    // SyncBatchNorm's statistics travel as DDP's gradients do (NCCL where each worker has its GPU). ZeRO's
+    // group was set where the optimizer was made, before this one existed: the run's own.
+    for (const auto& module : run.model->modules())
+      if (auto* bn = dynamic_cast<dist::SyncBatchNormImpl*>(module.get())) bn->options.process_group(*run.device_group);
+    if (run.o.zero()) run.communication += "; ZeRO broadcasts through the run's Gloo group (CUDA tensors via the host)";
     return;
   }
   run.ddp.emplace(run.model, run.workers.pg, options);
