@@ -81,17 +81,18 @@ std::map<int64_t, double> lr_by_step(const fs::path& dir) {
 // The cosine schedule (a GPT's default) where the host reads only every --log-every steps: each step's lr
 // looked up on the device at the steps taken, counted there, so the inf at step 6 (skipped) holds it back
 // at once, as on the trainer that reads every step, not at the next read. With AdamW and the warmup's
-// steps (read one by one) first; under a graph, and through ampp::FusedAdamW (gpu_step_on_cpu), which
-// reads the lr tensor itself, eager and graphed.
+// steps (read one by one) first; under a graph, and through ampp::FusedAdamW (--fused-optimizer, reading
+// at log points as a GPU run does), which reads the lr tensor itself, eager and graphed.
 TEST(CudaGraphsCli, TheGraphedStepPathFollowsTheCosineScheduleAsTheEagerStep) {
   const std::string cosine = "--opt-level O1 --dtype fp16 --optimizer adamw --lr-schedule cosine --warmup-steps 3";
+  const std::string as_on_a_gpu = " --fused-optimizer --host-reads log-points";
   const std::string inf = "AMPP_TRAIN_TEST_INF_AT=6:0 ";
   check_graphed_path_trains_as_eager(cosine, inf);
-  check_graphed_path_trains_as_eager(cosine, inf + "AMPP_TRAIN_TEST_GPU_STEP_ON_CPU=1 ");
+  check_graphed_path_trains_as_eager(cosine + as_on_a_gpu, inf);
   ampp_test::TempDir tmp;
-  for (const std::string& env : {std::string(), inf + "AMPP_TRAIN_TEST_GPU_STEP_ON_CPU=1 "}) {
-    const auto r = ampp_test::run_shell(inf + env + AMPP_FAULTS_CLI + " " +
-                                        run_line(tmp.path() / (env.empty() ? "reads" : "device"), cosine));
+  for (const std::string& flags : {std::string(), as_on_a_gpu}) {
+    const auto r = ampp_test::run_shell(inf + AMPP_FAULTS_CLI + " " +
+                                        run_line(tmp.path() / (flags.empty() ? "reads" : "device"), cosine + flags));
     ASSERT_EQ(r.code, 0) << r.output;
   }
   const auto reads = lr_by_step(tmp.path() / "reads"), device = lr_by_step(tmp.path() / "device");

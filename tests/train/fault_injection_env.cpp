@@ -67,7 +67,6 @@ FaultInjection from_environment(int rank, int world, bool restarted) {
   f.uncaptured_graph_step = env_int("AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP").value_or(0) != 0;
   f.prefetch_on_cpu = env_int("AMPP_TRAIN_TEST_PREFETCH_ON_CPU").value_or(0) != 0;
   f.error_on_sync = env_int("AMPP_TRAIN_TEST_ERROR_ON_SYNC").value_or(0) != 0;
-  f.gpu_step_on_cpu = env_int("AMPP_TRAIN_TEST_GPU_STEP_ON_CPU").value_or(0) != 0;
   if (restarted) return f;
   if (rank == world - 1) {
     const auto kill_at = env_int("AMPP_TRAIN_TEST_KILL_AT_STEP"), stop_at = env_int("AMPP_TRAIN_TEST_STOP_AT_STEP");

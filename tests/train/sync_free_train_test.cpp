@@ -1,8 +1,8 @@
 // `ampp train`'s step reads nothing on the host, at every opt level. On the CPU the run takes the step a
-// GPU run takes (the test fault gpu_step_on_cpu: ampp::FusedSGD, which skips on the device, and the host
-// reading the steps' results only every --log-every steps), and twice as many steps must make no more host
-// reads (aten::item) than half as many: every read the run makes is at a read point, the evaluation or the
-// outputs, none in a step. The GPU suite checks the same under c10's sync debug mode
+// GPU run takes (--fused-optimizer --host-reads log-points: ampp::FusedSGD, which skips on the device, and
+// the host reading the steps' results only every --log-every steps), and twice as many steps must make no
+// more host reads (aten::item) than half as many: every read the run makes is at a read point, the
+// evaluation or the outputs, none in a step. The GPU suite checks the same under c10's sync debug mode
 // (GpuTrain.TheEagerStepReadsNothingOnTheHostBetweenLogPointsAtEveryOptLevel).
 #include <ampp/train/options.h>
 #include <ampp/train/trainer.h>
@@ -18,9 +18,8 @@ using ampp::OptLevel;
 using ampp::train::TrainOptions;
 using ampp::train::detail::FaultInjection;
 
-FaultInjection gpu_step_with_an_inf(int, int, bool) {
+FaultInjection an_inf(int, int, bool) {
   FaultInjection f;
-  f.gpu_step_on_cpu = true;
   f.inf_steps = {3};
   return f;
 }
@@ -40,6 +39,8 @@ Reads host_reads_of(const std::filesystem::path& out, OptLevel level, c10::Scala
                            .batch_size(32)
                            .epochs(1)
                            .log_every(1000)
+                           .host_reads(ampp::train::HostReads::kLogPoints)  // as on a GPU
+                           .fused_optimizer(true)
                            .threads(1)
                            .progress(false)
                            .plots(false)
@@ -54,7 +55,7 @@ Reads host_reads_of(const std::filesystem::path& out, OptLevel level, c10::Scala
 TEST(SyncFreeTrain, TwiceTheStepsMakeNoMoreHostReadsAtEveryOptLevel) {
   using namespace sync_free_train_test;
   if (!AMPP_TORCH_AT_LEAST(2, 4)) GTEST_SKIP() << "ATen's fused SGD kernel needs LibTorch 2.4 or newer";
-  ampp::train::detail::set_fault_source(gpu_step_with_an_inf);
+  ampp::train::detail::set_fault_source(an_inf);
   const std::vector<std::tuple<std::string, OptLevel, c10::ScalarType>> levels{
       {"O0", OptLevel::O0, torch::kBFloat16},      {"O1 fp16", OptLevel::O1, torch::kHalf},
       {"O1 bf16", OptLevel::O1, torch::kBFloat16}, {"O2 fp16", OptLevel::O2, torch::kHalf},

@@ -152,6 +152,15 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
       "--no-fused-optimizer", [&o] { o.fused_optimizer(false); },
       "on a GPU: torch::optim::SGD or AdamW instead of ampp::FusedSGD or FusedAdamW (the same update in one kernel)");
   sub.add_flag_callback(
+      "--fused-optimizer", [&o] { o.fused_optimizer(true); },
+      "ampp::FusedSGD or FusedAdamW on the CPU too (the default on a GPU), which skip an overflowed step themselves");
+  sub.add_option_function<std::string>(
+         "--host-reads", [&o](const std::string& text) { o.host_reads(ampp::train::parse_host_reads(text)); },
+         "where the host reads the steps' results: auto (every step on the CPU, at log points on a GPU), every-step, "
+         "or log-points (on the CPU: as a GPU run reads)")
+      ->check(ampp::cli::parsed_by(ampp::train::parse_host_reads, "WHERE"))
+      ->default_str("auto");
+  sub.add_flag_callback(
       "--no-pinned-batches", [&o] { o.pinned_batches(false); },
       "on a GPU: copy batches from pageable memory, blocking, instead of from pinned memory");
   sub.add_flag_callback(
@@ -289,18 +298,19 @@ std::function<int()> add_train_flags(CLI::App& sub, std::shared_ptr<TrainArgs> a
   return [a] { return run(*a); };
 }
 
-const std::map<std::string, std::string> kTrainRenamedFields = {{"progress", "--quiet"},
-                                                                {"fp8", "--dtype fp8"},
-                                                                {"fp8_all_layers", "--fp8-layers all"},
-                                                                {"plots", "--no-plots"},
-                                                                {"sync_batch_norm", "--sync-bn"},
-                                                                {"shared_memory_allreduce", "--gloo-allreduce"},
-                                                                {"channels_last", "--nchw"},
-                                                                {"map_data", "--data-in-memory"},
-                                                                {"cudnn_benchmark", "--no-cudnn-benchmark"},
-                                                                {"fused_optimizer", "--no-fused-optimizer"},
-                                                                {"pinned_batches", "--no-pinned-batches"},
-                                                                {"prefetch_batches", "--no-prefetch"}};
+const std::map<std::string, std::string> kTrainRenamedFields = {
+    {"progress", "--quiet"},
+    {"fp8", "--dtype fp8"},
+    {"fp8_all_layers", "--fp8-layers all"},
+    {"plots", "--no-plots"},
+    {"sync_batch_norm", "--sync-bn"},
+    {"shared_memory_allreduce", "--gloo-allreduce"},
+    {"channels_last", "--nchw"},
+    {"map_data", "--data-in-memory"},
+    {"cudnn_benchmark", "--no-cudnn-benchmark"},
+    {"fused_optimizer", "--fused-optimizer / --no-fused-optimizer"},
+    {"pinned_batches", "--no-pinned-batches"},
+    {"prefetch_batches", "--no-prefetch"}};
 
 const bool registered_train = ampp::cli::register_command(
     {"train", "Train a model (Fashion-MNIST by default) with mixed precision and data-parallel workers",

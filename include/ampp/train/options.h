@@ -23,10 +23,17 @@ enum class OptimizerKind { kSgd, kAdamW };
 // from lr down to lr / 10 over lr_decay_steps optimizer steps after the warmup, then lr / 10.
 enum class LrSchedule { kStep, kCosine };
 
+// Where the host reads the steps' results (Note [what the host reads], src/ampp/train/run.h). kAuto: after
+// every step on the CPU, where a read costs nothing and each skipped step gets its own record; at log points
+// on a GPU, where each read waits for the GPU. kLogPoints on the CPU previews a GPU run's reads (its tests'
+// way); kEveryStep on a GPU waits for the GPU after each step. The doctor reads every step.
+enum class HostReads { kAuto, kEveryStep, kLogPoints };
+
 OptimizerKind parse_optimizer_kind(const std::string& text);  // "sgd" or "adamw"
 std::string to_string(OptimizerKind kind);
 LrSchedule parse_lr_schedule(const std::string& text);  // "step" or "cosine"
 std::string to_string(LrSchedule schedule);
+HostReads parse_host_reads(const std::string& text);  // "auto", "every-step" or "log-points"
 
 struct TrainOptions {
   // mlp, cnn, resnet (images) or gpt-tiny, gpt-mini, gpt2-124m (text; gpt.h).
@@ -105,11 +112,13 @@ struct TrainOptions {
   // the GradScaler follow the model there. CUDA has not been run in `ampp train` yet: docs/gpu.md.
   TORCH_ARG(std::string, device) = "cpu";
   // The GPU defaults, each ignored on the CPU (docs/gpu.md): cuDNN's benchmark mode (the fastest
-  // convolution algorithms for the run's fixed shapes; never under `deterministic`), ampp::FusedSGD (the
-  // same update as SGD in one kernel), batches copied from pinned host memory without blocking, and
-  // batches prefetched.
+  // convolution algorithms for the run's fixed shapes; never under `deterministic`), batches copied from
+  // pinned host memory without blocking, and batches prefetched.
   TORCH_ARG(bool, cudnn_benchmark) = true;
-  TORCH_ARG(bool, fused_optimizer) = true;
+  // ampp::FusedSGD / FusedAdamW (the same update in one kernel, skipped on the device; ZeRO's local one too).
+  // nullopt: on a GPU only (uses_fused_optimizer()); true: on the CPU too; false: nowhere.
+  TORCH_ARG(std::optional<bool>, fused_optimizer) = std::nullopt;
+  TORCH_ARG(HostReads, host_reads) = HostReads::kAuto;
   TORCH_ARG(bool, pinned_batches) = true;
   // On a GPU, a loader thread prepares the next batch and copies it on a side stream while the current step
   // runs (ampp::train::BatchPrefetcher, as a DataLoader with one worker). The same batches, bit for bit.
@@ -178,6 +187,9 @@ torch::Device usable_device(const std::string& text, const std::string& what);
 
 // TrainOptions::device as a torch::Device (validate() has checked it).
 torch::Device device_of(const TrainOptions& options);
+// TrainOptions::fused_optimizer and host_reads, resolved for a run whose step runs as on a GPU (`gpu_step`).
+bool uses_fused_optimizer(const TrainOptions& options, bool gpu_step);
+bool reads_every_step(const TrainOptions& options, bool gpu_step);
 // TrainOptions::data with the model's default filled in ("text" for a GPT).
 std::string data_spec(const TrainOptions& options);
 // A GPT's tokens per sequence: TrainOptions::context, or the preset's.

@@ -45,9 +45,10 @@ void DeviceLrSchedule::apply(torch::optim::Optimizer& optimizer) {
     if (!fused->lr_tensor().is_same(lr_)) fused->set_lr_tensor(lr_);
     return;
   }
-  // A plain optimizer (--no-fused-optimizer, ZeRO's) reads a double: on a GPU that is a host read per step,
+  // A plain optimizer (--no-fused-optimizer) reads a double: on a GPU that is a host read per step,
   // which the eager step can afford and a graphed one cannot (validate() demands a fused optimizer there).
   // Asserting the CPU here stopped a GPU cosine run with --zero at its first step (issue 52, defect 1).
+  // See Note [what the host reads] (run.h).
   set_lr(optimizer, lr_.item<double>());
 }
 

@@ -25,10 +25,7 @@ struct FaultInjection {
   // TrainOptions::cuda_graphs on the CPU: its step path, run eagerly, with the host reading the steps'
   // results only where a GPU run reads them (every log_every steps), not after every step.
   bool uncaptured_graph_step = false;
-  bool error_on_sync = false;  // a GPU test: each step under c10's sync debug mode, set to error
-  // The CPU runs the step as a GPU run does: ampp::FusedSGD, and the host reading the steps' results every
-  // log_every steps (a test counts the host reads of a run).
-  bool gpu_step_on_cpu = false;
+  bool error_on_sync = false;    // a GPU test: each step under c10's sync debug mode, set to error
   bool prefetch_on_cpu = false;  // TrainOptions::prefetch_batches's loader thread on the CPU too
 };
 

@@ -128,7 +128,7 @@ void validate_cuda_graphs(const TrainOptions& o) {
               no("CUDA graphs need a GPU; use --device cuda, or drop --cuda-graphs"));
   TORCH_CHECK(!o.doctor() && !o.profile(), no("--doctor and --profile read every step on the host; drop them"));
   TORCH_CHECK(
-      o.fused_optimizer(),
+      o.fused_optimizer().value_or(true),
       no("the step needs ampp's fused optimizer (FusedSGD, FusedAdamW), which keeps the skip decision on the GPU; "
          "drop --no-fused-optimizer"));
 }
@@ -165,6 +165,21 @@ LrSchedule parse_lr_schedule(const std::string& text) {
 }
 
 std::string to_string(LrSchedule schedule) { return schedule == LrSchedule::kStep ? "step" : "cosine"; }
+
+HostReads parse_host_reads(const std::string& text) {
+  if (text == "auto") return HostReads::kAuto;
+  if (text == "every-step") return HostReads::kEveryStep;
+  TORCH_CHECK(text == "log-points", "unknown host reads '", text, "': use auto, every-step or log-points");
+  return HostReads::kLogPoints;
+}
+
+bool uses_fused_optimizer(const TrainOptions& o, bool gpu_step) { return o.fused_optimizer().value_or(gpu_step); }
+
+bool reads_every_step(const TrainOptions& o, bool gpu_step) {
+  if (o.doctor()) return true;  // it inspects every step
+  if (o.host_reads() == HostReads::kAuto) return !gpu_step;
+  return o.host_reads() == HostReads::kEveryStep;
+}
 
 TrainOptions with_model_defaults(TrainOptions o) {
   const bool gpt = is_gpt(o.model());

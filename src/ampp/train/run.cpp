@@ -14,9 +14,8 @@ Run::Run(const TrainOptions& options, Workers workers_in)
       model_options(model_options_for(data.train, o)),
       model(seeded_model(o, model_options, device)),
       fsdp(make_fsdp(o, model, workers.pg, device)),
-      optimizer_holder(
-          make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg,
-                         device.is_cuda() || faults_for(workers.rank, workers.world, false).gpu_step_on_cpu)),
+      optimizer_holder(make_optimizer(fsdp ? fsdp->parameters() : model->parameters(), o, workers.pg,
+                                      uses_fused_optimizer(o, device.is_cuda()))),
       optimizer(*optimizer_holder),
       amp(initialize(std::static_pointer_cast<torch::nn::Module>(model), optimizer, amp_properties(o))),
       buffer_guard(*model),  // after initialize(), which may cast the buffers
@@ -135,12 +134,15 @@ std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
 
 // TrainOptions::optimizer; with TrainOptions::zero and several workers, its state sharded over them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
-                                                        const dist::ProcessGroup& pg, bool on_a_gpu) {
+                                                        const dist::ProcessGroup& pg, bool fused) {
   const auto groups = param_groups_for(params, o);
-  // On a GPU, PyTorch's fused kernels (TrainOptions::fused_optimizer): one launch for every parameter.
-  if (!o.zero() || !pg) return plain_optimizer(groups, o, on_a_gpu && o.fused_optimizer());
+  // PyTorch's fused kernels (TrainOptions::fused_optimizer; on a GPU by default): one launch for every
+  // parameter. ZeRO's local optimizer too, which it hands the skip flag and the lr tensor: --zero reads
+  // nothing on the host.
+  if (!o.zero() || !pg) return plain_optimizer(groups, o, fused);
   return std::make_unique<dist::ZeroRedundancyOptimizer>(
-      groups, [o](const std::vector<torch::optim::OptimizerParamGroup>& g) { return plain_optimizer(g, o, false); },
+      groups,
+      [o, fused](const std::vector<torch::optim::OptimizerParamGroup>& g) { return plain_optimizer(g, o, fused); },
       dist::ZeroRedundancyOptimizerOptions().process_group(pg));
 }
 
@@ -226,6 +228,16 @@ std::string precision_label(const TrainOptions& o, const Amp& amp, const torch::
 
 double current_lr(torch::optim::Optimizer& opt) { return opt.param_groups().front().options().get_lr(); }
 
+// Note [the step's lr]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Every step's lr is scheduled_lr() below, of the epoch and the optimizer steps taken: the one formula.
+// Where the host knows the steps taken before each step (it reads every step, or the warmup, which it
+// reads step by step), run_step() sets that double on the optimizer's groups. Where it does not (a GPU's
+// cosine), DeviceLrSchedule holds this function's values in a table on the device and looks one up at the
+// count of steps taken it keeps there from the skip flag (Note [one skip flag], train_step.cpp); a fused
+// optimizer reads that tensor, and the graphed step replays the same lookup. What is reported (metrics,
+// summary) is the lr the step used: the table's last value there, the optimizer's double elsewhere.
+//
 // The learning rate of a step in `epoch` after `steps_taken` optimizer steps (skipped ones excluded).
 // A function of the two counts, both in the checkpoint, so a resumed run gets the same schedule bit
 // for bit. The decay is LibTorch's StepLR stepped once per epoch (lr * gamma, multiplied in turn; its

@@ -194,12 +194,27 @@ struct Run {
   // the host reads one by one).
   std::optional<detail::DeviceLrSchedule> device_lr;
   detail::StepTally tally{o.max_consecutive_skips(), o.log_every()};  // the steps' results until a read
-  // Read the tally after every step: on the CPU, where a read costs nothing and each skipped step gets its
-  // own record with the names of its inf/NaN gradients, and under the doctor, which inspects every step.
-  // Set once the faults are known (train()): the CPU tests of the graphed path read as a GPU run does.
+  // Note [what the host reads]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A step's results (loss, correct predictions, the skip flag: StepTally) stay on the device until the host
+  // reads them, and on a GPU each read waits for the GPU. The one policy, decided here and in
+  // reads_after_step() (trainer.cpp):
+  //   - every step where a read costs nothing (the CPU) or the doctor inspects every step (this flag), and
+  //     while the lr warms up (the warmup counts the steps taken, skips excluded, on the host);
+  //   - otherwise at log points, epoch ends and checkpoints only.
+  // Nothing else in a step reads, except these, each one read per step and each citing this note:
+  //   - the skip flag and the cosine lr with a plain optimizer (--no-fused-optimizer): step_optimizer()
+  //     (train_step.cpp), DeviceLrSchedule::apply(); ZeroRedundancyOptimizer with a plain local optimizer;
+  //   - FSDP over Gloo (its found-inf reduction stages CUDA tensors through the host);
+  //   - SyncBatchNorm's check of the global count, on the CPU only (sync_batch_norm.cpp);
+  //   - the doctor (--doctor): the loss and the skip flag, for its report.
+  // TrainOptions::host_reads sets it (reads_every_step() in options.cpp): --host-reads log-points lets the CPU
+  // read as a GPU run does, and the CPU tests of the graphed path (the fault uncaptured_graph_step) do so
+  // too. Set once the faults are known (train()).
   bool reads_every_step = true;
   std::vector<std::string> step_overflowed;  // where reads_every_step: the last step's inf/NaN gradients
-  SteadyRate steady;                         // images/s after warm-up, evaluation and checkpoints excluded
+  torch::Tensor inf_factor;  // a test's inf injection (FaultInjection::inf_steps): 1 or +inf, on the device
+  SteadyRate steady;         // images/s after warm-up, evaluation and checkpoints excluded
 };
 
 // The host's view of the steps up to a read: the last step's loss, whether it stepped, and where a
@@ -250,7 +265,7 @@ std::unique_ptr<dist::FullyShardedDataParallel> make_fsdp(const TrainOptions& o,
 
 // TrainOptions::optimizer; with TrainOptions::zero and several workers, its state sharded over them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params, const TrainOptions& o,
-                                                        const dist::ProcessGroup& pg, bool on_a_gpu);
+                                                        const dist::ProcessGroup& pg, bool fused);
 
 // Cross-entropy over the last dimension of the logits: [N, classes] against [N], or a GPT's
 // [N, T, vocabulary] against [N, T] (every position is a prediction of the next token).

@@ -1,8 +1,12 @@
 #include <ampp/train/step_phases.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include <numeric>
+#include <optional>
+#include <utility>
 
 #include "report_json.h"
 
@@ -36,15 +40,60 @@ const char* step_phase_name(StepPhase phase) {
 
 double StepPhases::total_seconds() const { return std::accumulate(seconds.begin(), seconds.end(), 0.0); }
 
+// The device clock's events: the one intervals are measured from, and the laps since the last settle().
+struct PhaseClock::DeviceLaps {
+  explicit DeviceLaps(c10::Device d) : device(d) {}
+  c10::Device device;
+  std::optional<c10::Event> from;
+  std::vector<std::pair<StepPhase, c10::Event>> laps;
+
+  c10::Event recorded() const {
+    c10::Event event(device.type(), c10::EventFlag::BACKEND_DEFAULT);  // timing on
+    event.record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+    return event;
+  }
+};
+
+PhaseClock::PhaseClock(StepPhases& into) : into_(into) {}
+PhaseClock::~PhaseClock() = default;
+
+void PhaseClock::use_device(c10::Device device) {
+  device_ = std::make_unique<DeviceLaps>(device);
+  restart();
+}
+
+void PhaseClock::restart() {
+  last_ = std::chrono::steady_clock::now();
+  if (!device_) return;
+  settle();  // between epochs: what was recorded is charged, the evaluation after it is not
+  device_->from = device_->recorded();
+}
+
 void PhaseClock::lap(StepPhase phase) {
+  if (paused_) return;
+  if (device_) {
+    device_->laps.emplace_back(phase, device_->recorded());
+    return;
+  }
   const auto now = std::chrono::steady_clock::now();
   into_[phase] += std::chrono::duration<double>(now - last_).count();
   last_ = now;
 }
 
 void PhaseClock::move(StepPhase from, StepPhase to, double seconds) {
+  if (device_) return;  // the device's time has the wait where it happened
   into_[from] -= seconds;
   into_[to] += seconds;
+}
+
+void PhaseClock::settle() {
+  if (!device_ || device_->laps.empty()) return;
+  device_->laps.back().second.synchronize();  // the events before it on the stream are done too
+  for (auto& [phase, event] : device_->laps) {
+    into_[phase] += device_->from->elapsedTime(event) / 1e3;  // milliseconds
+    device_->from = std::move(event);
+  }
+  device_->laps.clear();
 }
 
 nlohmann::json to_json(const StepPhases& phases) {

@@ -1,5 +1,7 @@
 #include "train_step.h"
 
+#include <c10/util/ScopeExit.h>
+
 #include "clip_grad_norm.h"
 #include "set_lr.h"
 
@@ -32,13 +34,11 @@ std::vector<std::pair<std::string, torch::Tensor>> named_master_gradients(const 
   return named;
 }
 
-// Testing aid: an inf loss on this rank at the steps AMPP_TRAIN_TEST_INF_AT names.
+// A test's inf in the loss (FaultInjection::inf_steps): the loss times a factor on the device, 1 or +inf,
+// which set_inf_injection() fills before each step. A CUDA graph captures the product and reads the factor
+// at each replay, so a replayed step can be the one that overflows (issue 52, defect 10).
 torch::Tensor maybe_inject_inf(const Run& run, const torch::Tensor& loss) {
-  const int64_t step = run.position.global_step + 1;
-  if (run.faults.inf_steps.count(step) == 0) return loss;
-  std::fprintf(stderr, "ampp train: test fault: rank %d: inf loss injected at step %lld\n", run.workers.rank,
-               static_cast<long long>(step));
-  return loss * std::numeric_limits<float>::infinity();
+  return run.inf_factor.defined() ? loss * run.inf_factor : loss;
 }
 
 // The doctor, at the first skipped step: rank 0 runs its batch's forward and scaled backward again
@@ -99,9 +99,19 @@ void clip_gradients(Run& run) {
     clip_grad_norm_on_device(run.amp.master_params(), *run.o.clip_grad_norm());
 }
 
+// Note [one skip flag]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A step is skipped when its unscaled gradients hold an inf or a NaN. The trainer decides it once per step,
+// on the device: Amp's loss scaler where the run scales its loss (Amp::step, GradScaler's found-inf), else
+// unscaled_gradients_non_finite() above. step_optimizer() returns that one flag, `skipped` (float32, 0-dim,
+// non-zero: skipped), and everything the trainer knows of skips comes from it: StepTally's ring (the host's
+// view at a read, the divergence rules, RunPosition::skipped_total and so the checkpoints) and
+// DeviceLrSchedule::count (the cosine's steps taken). Amp's and GradScaler's own counters serve their public
+// API (a loop of one's own has no trainer); the trainer reads none of them.
+//
 // The optimizer's step, skipped where the gradients are not finite; returns the skip flag, on the device.
 // Amp decides with its loss scaler; without one, `non_finite` (above) does. A fused optimizer skips by
-// itself on the device; another one needs the flag on the host.
+// itself on the device; another one needs the flag on the host: see Note [what the host reads] (run.h).
 torch::Tensor step_optimizer(Run& run, const torch::Tensor& non_finite) {
   if (!non_finite.defined()) {
     run.amp.step();
@@ -123,7 +133,7 @@ double allreduce_wait_seconds(Ddp& ddp) {
 }
 
 // Where a step's inf/NaN gradients are, read before the step (which drops a skipped step's gradients, as
-// apex), on a trainer that reads every step: host reads, free on the CPU.
+// apex), on a trainer that reads every step: host reads, free on the CPU (Note [what the host reads], run.h).
 std::vector<std::string> overflowed_before_step(Run& run, const torch::Tensor& non_finite) {
   if (!run.reads_every_step) return {};
   const bool skips = non_finite.defined() ? non_finite.item<float>() != 0.0F : run.amp.step_will_skip();
@@ -215,6 +225,18 @@ detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const to
   return {logits, loss, skipped};
 }
 
+// The factor maybe_inject_inf() multiplies the loss by at the next step: a fill, queued, read by no host.
+void set_inf_injection(Run& run) {
+  if (run.faults.inf_steps.empty()) return;
+  const int64_t step = run.position.global_step + 1;
+  const bool inject = run.faults.inf_steps.count(step) > 0;
+  if (!run.inf_factor.defined()) run.inf_factor = torch::ones({}, torch::TensorOptions().device(run.device));
+  run.inf_factor.fill_(inject ? std::numeric_limits<float>::infinity() : 1.0F);
+  if (inject)
+    std::fprintf(stderr, "ampp train: test fault: rank %d: inf loss injected at step %lld\n", run.workers.rank,
+                 static_cast<long long>(step));
+}
+
 }  // namespace
 
 // The step, eager or replayed from a CUDA graph (TrainOptions::cuda_graphs), added to the run's tally.
@@ -222,12 +244,15 @@ detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const to
 // run eagerly, and the graph is captured after it. The cosine after it is looked up on the device
 // (Run::device_lr), counted from the host's exact count at the warmup's end (read after every warmup step).
 void run_step(Run& run, const Batch& batch, double lr) {
+  set_inf_injection(run);
   detail::set_lr(run.optimizer, lr);
   const bool after_warmup = steps_taken(run.position) >= run.o.warmup_steps();
   if (run.device_lr && after_warmup && !run.device_lr->started()) run.device_lr->start(steps_taken(run.position));
   std::optional<ErrorOnCudaSync> no_sync;  // a GPU test's proof that the step reads nothing on the host
   if (run.faults.error_on_sync) no_sync.emplace();
   if (run.graphed && after_warmup) {
+    run.clock.pause(true);  // the captured laps would be events inside the graph: the replay is one interval
+    const auto resume_clock = c10::make_scope_exit([&run] { run.clock.pause(false); });
     // With the lr on the device the graph holds no lr of its own: one capture for the whole cosine.
     run.graphed->step(batch.data, batch.target, run.device_lr ? *run.o.lr() : lr);
     run.tally.count(batch.target.numel());  // a replay does no host work of its own

@@ -75,6 +75,7 @@ void record_operators(Run& run, bool epoch_ended) {
 // Whether the host reads the steps' results after this one: where a read costs nothing (the CPU) or the
 // doctor inspects every step (Run::reads_every_step), and while the lr warms up, since its schedule counts
 // the steps taken (skips excluded). On a GPU otherwise only at log points: a read waits for the GPU.
+// See Note [what the host reads] (run.h).
 bool reads_after_step(const Run& run) {
   return run.reads_every_step || steps_taken(run.position) < run.o.warmup_steps();
 }
@@ -101,6 +102,7 @@ void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBa
     const bool logged = run.position.global_step % o.log_every() == 0 || epoch_end;
     if (reads || logged || stop || saves) {
       const auto readout = run.tally.read();
+      run.clock.settle();  // the host waited for the GPU above: the device clock's laps are done
       run.steady.mark(readout.steps);
       const StepResult step = read_steps(run, readout);
       const bool log_now = logged || !step.stepped;
@@ -119,6 +121,7 @@ void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBa
     if (stop) break;
   }
   run.steady.end_segment();
+  run.clock.settle();
   record_operators(run, true);
 }
 
@@ -211,8 +214,8 @@ Summary train(const TrainOptions& unresolved) {
   if (options.doctor() && options.fp8() && run.workers.leader()) run.fp8_ranges.emplace();
   if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
-  const bool read_as_on_a_gpu = run.device.is_cuda() || run.faults.uncaptured_graph_step || run.faults.gpu_step_on_cpu;
-  run.reads_every_step = !read_as_on_a_gpu || options.doctor();
+  run.reads_every_step = reads_every_step(options, run.device.is_cuda() || run.faults.uncaptured_graph_step);
+  if (run.device.is_cuda()) run.clock.use_device(run.device);  // the GPU's time per phase, not the launches'
   // The host knows a skip only at its next read: where it reads rarely, the cosine's position is counted on
   // the device (a graph replays it too).
   if (options.lr_schedule() == LrSchedule::kCosine && !run.reads_every_step)
