@@ -18,7 +18,11 @@
 #                                   second call on the same warm machine runs only the cases not run yet.
 #   scripts/gpu-check.sh train OUT  there: `ampp train --device cuda` (below): train-runs.log.
 #   scripts/gpu-check.sh all OUT    the three, most important first, in one call of the device tool that ends
-#                                   within AMPP_GPU_CHECK_S (default 540 s): 8 files, the tool's most.
+#                                   within AMPP_GPU_CHECK_S (default 540 s): 8 files, the tool's most; then
+#                                   the verdict.
+#   scripts/gpu-check.sh verdict OUT  one screen from OUT's files: each GPU test, each `ampp train` run and
+#                                   each benchmark bar, PASS, FAIL or SKIP (also appended to summary.txt);
+#                                   exit 1 on a FAIL.
 # Took 111 s on a 16-core H100 machine (80 s to configure and build); docs/gpu.md has its results.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -131,8 +135,10 @@ train_once() {
   local out=$1 build=$2 python=$3 flags=$4 left
   left=$(seconds_left)
   [ "$left" -ge 20 ] || { echo "$flags: not run (the call's time is spent)" | tee -a "$out/summary.txt"; return 0; }
+  local data="--data synthetic:32768 --epochs 1"
+  [[ "$flags" == *--data* ]] && data=""
   # shellcheck disable=SC2086
-  timeout -k 5 "$left" "$build/bin/ampp" train --data synthetic:32768 --epochs 1 --quiet --no-plots --out "$build/run" $flags \
+  timeout -k 5 "$left" "$build/bin/ampp" train $data --quiet --no-plots --out "$build/run" $flags \
     >> "$out/train-runs.log" 2>&1 &&
     echo "$flags: $("$python" -c 'import json, sys; s = json.load(open(sys.argv[1]));
 print("%.0f images/s steady (%d steps), %.0f over the run, test accuracy %.2f %%" % (s["images_per_sec"],
@@ -163,11 +169,15 @@ train() {
   fi
   # What the GPU suite's `ampp train` tests do not time: the CPU's cores on the same job, the distributed
   # flags with two workers sharing the GPU, the doctor, and `ampp bench`.
-  local flags
+  # A text of about 2 MB for GPT-2 124M's evaluation (issue 52, defect 3: its batch once needed 105 GB).
+  local flags text=$build/gpu-check-text.txt
+  cat "$root"/docs/*.md "$root"/src/ampp/*/*.cpp "$root"/tests/*/*.cpp > "$text"
   for flags in "--device cpu --nproc 1 --opt-level O1 --dtype bf16" \
     "--device cuda --nproc 2 --opt-level O1 --dtype bf16 --sync-bn --zero" \
     "--device cuda --nproc 2 --opt-level O1 --dtype bf16 --fsdp" \
-    "--device cuda --opt-level O1 --dtype fp16 --doctor"; do
+    "--device cuda --opt-level O2 --dtype bf16 --deterministic" \
+    "--device cuda --opt-level O1 --dtype fp16 --doctor" \
+    "--device cuda --model gpt2-124m --data text:$text --opt-level O1 --dtype bf16 --batch-size 8 --steps 20"; do
     train_once "$out" "$build" "$python" "$flags" || failed=1
   done
   # `ampp bench` on the GPU: the opt levels against O0, and the fused unscale against a flat copy.
@@ -202,6 +212,29 @@ bench() {
   return $code
 }
 
+# The verdict, one screen, from OUT's files: each GPU test, each `ampp train` run and each bar of the
+# benchmarks, PASS, FAIL or SKIP (a bar not met is FAIL here; not measured, or not run for lack of time: SKIP).
+verdict() {
+  local out=${1:?usage: scripts/gpu-check.sh verdict OUT} lines
+  lines=$(
+    grep -hE "^\[ +(OK|FAILED|SKIPPED|CRASHED) +\] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+" "$out/summary.txt" 2>/dev/null |
+      sed -E 's/^\[ +OK +\] /PASS  test /; s/^\[ +(FAILED|CRASHED) +\] /FAIL  test /; s/^\[ +SKIPPED +\] /SKIP  test /; s/ \([0-9]+ ms\)$//'
+    grep -hE "^--device [^:]*: " "$out/summary.txt" 2>/dev/null |
+      sed -E 's/^([^:]*): failed.*/FAIL  ampp train \1/; t; s/^([^:]*): not run.*/SKIP  ampp train \1/; t
+        s/^([^:]*): .*/PASS  ampp train \1/'
+    grep -hE "^- [0-9]+\. .*: (met|NOT met|not measured)" "$out/summary.txt" "$out/gpu_bench.md" 2>/dev/null | sort -u |
+      sed -E 's/^- (.*): NOT met.*/FAIL  bar \1/; t; s/^- (.*): not measured.*/SKIP  bar \1/; t; s/^- (.*): met.*/PASS  bar \1/'
+  )
+  local pass fail skip
+  pass=$(grep -c "^PASS" <<<"$lines" || true)
+  fail=$(grep -c "^FAIL" <<<"$lines" || true)
+  skip=$(grep -c "^SKIP" <<<"$lines" || true)
+  # Appended to summary.txt (the device tool brings back 8 files at most): the last screen of it.
+  printf 'gpu-check verdict:\n%s\ngpu-check verdict: %s passed, %s failed, %s skipped\n' "$lines" "$pass" "$fail" "$skip" |
+    tee -a "$out/summary.txt"
+  [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
+}
+
 # The three in one call of the device tool (one machine start), most important first: the GPU suite (until
 # 240 s are left), `ampp train` against its Python twin and with every flag (until 90 s are left), then
 # the benchmark, each run while time is left. Each goes on if another fails.
@@ -213,6 +246,7 @@ all() {
   (AMPP_GPU_CHECK_END=$(( AMPP_GPU_CHECK_END - 90 )) train "$out") || code=1
   (bench "$out") || code=1
   echo "gpu-check all: $(seconds_left) s of the call left, exit code $code" | tee -a "$out/summary.txt"
+  verdict "$out" || code=1
   return $code
 }
 
@@ -228,5 +262,6 @@ case "${1:-}" in
   train) train "${2:-}" ;;
   all) all "${2:-}" ;;
   bench) bench "${2:-}" ;;
-  *) echo "usage: scripts/gpu-check.sh prepare | run OUT | train OUT | all OUT | bench OUT" >&2; exit 2 ;;
+  verdict) verdict "${2:-}" ;;
+  *) echo "usage: scripts/gpu-check.sh prepare | run OUT | train OUT | all OUT | bench OUT | verdict OUT" >&2; exit 2 ;;
 esac

@@ -177,6 +177,43 @@ TEST(GpuAutocast, CpuFp16EmulationAgainstCudaFp16) {
     std::ofstream(std::string(dir) + "/fp16_emulation.md") << report;
 }
 
+// An nn::LSTM, GRU or RNN under CPU fp16 emulation against the same module under CUDA's fp16 autocast (cuDNN's
+// _cudnn_rnn, cast by AutocastRNN.cpp): CUDA returns fp16, the emulation fp16 values in float32, and the two
+// agree within fp16 rounding on a short sequence (cuDNN keeps the state in fp16 between steps, the emulation
+// in float32: docs/precision.md, limit 6).
+namespace {
+
+template <class Rnn>
+void expect_cpu_fp16_rnn_is_cudas(const std::string& name, Rnn cpu_rnn) {
+  Rnn cuda_rnn(std::dynamic_pointer_cast<typename Rnn::ContainedType>(cpu_rnn->clone(torch::kCUDA)));
+  const auto x = torch::randn({6, 4, 16});
+  torch::Tensor emulated, real;
+  {
+    ampp::autocast region(torch::kCPU, torch::kHalf);
+    emulated = std::get<0>(cpu_rnn->forward(x));
+  }
+  {
+    ampp::autocast region(torch::kCUDA, torch::kHalf);
+    real = std::get<0>(cuda_rnn->forward(x.to(torch::kCUDA)));
+  }
+  EXPECT_EQ(real.scalar_type(), torch::kHalf) << name;
+  EXPECT_TRUE(torch::equal(emulated, emulated.to(torch::kHalf).to(emulated.scalar_type()))) << name << ": fp16 values";
+  const auto r = real.to(torch::kCPU, torch::kFloat), e = emulated.to(torch::kFloat);
+  const double rel = (e - r).abs().max().item<double>() / r.abs().max().item<double>();
+  std::printf("%s: CPU fp16 emulation against CUDA fp16, max rel diff %.3g\n", name.c_str(), rel);
+  EXPECT_LE(rel, 1e-2) << name;
+}
+
+}  // namespace
+
+TEST(GpuAutocast, RnnsUnderCpuFp16EmulationAreCudasFp16Rnns) {
+  AMPP_REQUIRE_GPU();
+  torch::manual_seed(0);
+  expect_cpu_fp16_rnn_is_cudas("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(16, 32).num_layers(2)));
+  expect_cpu_fp16_rnn_is_cudas("gru", torch::nn::GRU(torch::nn::GRUOptions(16, 32)));
+  expect_cpu_fp16_rnn_is_cudas("rnn", torch::nn::RNN(torch::nn::RNNOptions(16, 32)));
+}
+
 // GradScaler on CUDA: ATen's fused unscale and update kernels; the scale trajectory and the
 // parameters after every step are torch.amp.GradScaler("cuda")'s, bit for bit.
 TEST(GpuGradScaler, TrajectoryMatchesTorchOnTheSameGpu) {
