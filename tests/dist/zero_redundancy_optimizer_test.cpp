@@ -39,6 +39,12 @@ struct Trainee {
   }
 };
 
+// One side's zero_grad and loss-scaled backward on `d`.
+void scaled_backward(Trainee& side, torch::optim::Optimizer& opt, ampp::GradScaler& scaler, const Data& d) {
+  opt.zero_grad();
+  scaler.scale(torch::mse_loss(side.ddp.forward(d.x), d.y)).backward();
+}
+
 ZeroRedundancyOptimizer zero_adam(Trainee& t, const ProcessGroup& pg) {
   return ZeroRedundancyOptimizer::of<Adam>(t.ddp.parameters(), AdamOptions(1e-2),
                                            ZeroRedundancyOptimizerOptions().process_group(pg));
@@ -220,8 +226,7 @@ TEST(ZeroRedundancyOptimizer, GradScalerSkipsOnEveryRankTogetherAndClippingMatch
         const bool is_zero = side == &sharded;
         torch::optim::Optimizer& opt = is_zero ? static_cast<torch::optim::Optimizer&>(zero) : reference;
         auto& scaler = is_zero ? zero_scaler : plain_scaler;
-        opt.zero_grad();
-        scaler.scale(torch::mse_loss(side->ddp.forward(d.x), d.y)).backward();
+        scaled_backward(*side, opt, scaler, d);
         scaler.unscale_(opt);
         torch::nn::utils::clip_grad_norm_(side->ddp.parameters(), 0.5);
         stepped.push_back(scaler.step(opt));
@@ -261,8 +266,7 @@ TEST(ZeroRedundancyOptimizer, AFusedLocalOptimizerSkipsOnTheDeviceWithNoHostRead
         const bool is_zero = side == &sharded;
         torch::optim::Optimizer& opt = is_zero ? static_cast<torch::optim::Optimizer&>(zero) : reference;
         auto& scaler = is_zero ? zero_scaler : plain_scaler;
-        opt.zero_grad();
-        scaler.scale(torch::mse_loss(side->ddp.forward(d.x), d.y)).backward();
+        scaled_backward(*side, opt, scaler, d);
         HostReadCounter counter;
         scaler.step(opt);
         scaler.update();
