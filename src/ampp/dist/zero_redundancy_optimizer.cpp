@@ -3,6 +3,7 @@
 #include <ampp/dist/reducer.h>
 #include <ampp/dist/zero_redundancy_optimizer.h>
 #include <ampp/io/archive_reader.h>
+#include <ampp/numerics/unscale.h>
 #include <ampp/util/archive_bytes.h>
 #include <ampp/util/atomic_file.h>
 #include <ampp/util/optimizer_compat.h>
@@ -197,9 +198,13 @@ void ZeroRedundancyOptimizer::step_plain_local() {
   const auto device = params.front().device();
   if (const auto found_inf = found_inf_on(device); found_inf && found_inf->item<float>() != 0.0F) return;
   if (const auto scale = grad_scale_on(device)) {
-    const auto inv_scale = scale->to(torch::kDouble).reciprocal().to(torch::kFloat);  // as GradScaler.unscale_
+    std::vector<torch::Tensor> grads;
     for (const auto& p : params)
-      if (p.grad().defined()) p.mutable_grad().mul_(inv_scale);
+      if (p.grad().defined()) grads.push_back(p.grad());
+    // GradScaler.unscale_'s inverse and kernel; the flag was decided already (found_inf above).
+    auto unused_flag = torch::zeros({1}, scale->options().dtype(torch::kFloat));
+    numerics::non_finite_check_and_unscale_(grads, unused_flag,
+                                            scale->to(torch::kDouble).reciprocal().to(torch::kFloat));
   }
   if (lr_tensor().defined()) {
     const double lr = lr_tensor().item<double>();
