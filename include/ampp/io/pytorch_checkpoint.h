@@ -60,6 +60,10 @@ void load_module_state_dict(torch::nn::Module& module, const c10::IValue& state,
 /// and each parameter's state is restored; the group and parameter counts must match.
 void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state);
 
+/// A dict read from a file (untrusted) as a StateDict: a one-line error naming `what` unless `value` is a dict
+/// with str keys.
+StateDict to_state_dict(const c10::IValue& value, const std::string& what);
+
 /// GradScaler.load_state_dict(state) from PyTorch's keys.
 void load_scaler_state_dict(GradScaler& scaler, const c10::IValue& state);
 

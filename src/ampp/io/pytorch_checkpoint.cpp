@@ -305,11 +305,15 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   }
 }
 
+StateDict to_state_dict(const c10::IValue& value, const std::string& what) {
+  StateDict sd;
+  for (const auto& item : as_dict(value, what.c_str()))
+    sd.insert_or_assign(as_string(item.key(), (what + " key").c_str()), item.value());
+  return sd;
+}
+
 void load_scaler_state_dict(GradScaler& scaler, const c10::IValue& state) {
-  StateDict sd = make_state_dict();
-  for (const auto& item : as_dict(state, "a GradScaler state dict"))
-    sd.insert_or_assign(as_string(item.key(), "a GradScaler state dict key"), item.value());
-  scaler.load_state_dict(sd);
+  scaler.load_state_dict(to_state_dict(state, "a GradScaler state dict"));
 }
 
 }  // namespace ampp

@@ -13,22 +13,11 @@ namespace {
 
 using Functions = std::pair<CheckpointEntry::Save, CheckpointEntry::Load>;
 
-// A dict read from a file, as a StateDict; its keys must be strings (a file is untrusted).
-StateDict as_state_dict(const c10::IValue& value) {
-  TORCH_CHECK(value.isGenericDict(), "must be a dict, got ", value.tagKind());
-  StateDict dict;
-  for (const auto& item : value.toGenericDict()) {
-    TORCH_CHECK(item.key().isString(), "a key is a ", item.key().tagKind(), ", not a str");
-    dict.insert_or_assign(item.key().toStringRef(), item.value());
-  }
-  return dict;
-}
-
 // An object with state_dict() and load_state_dict(StateDict): GradScaler, Amp.
 template <class T>
 Functions state_dict_of(T& object) {
   return {[&object] { return c10::IValue(object.state_dict()); },
-          [&object](const c10::IValue& state) { object.load_state_dict(as_state_dict(state)); }};
+          [&object](const c10::IValue& state) { object.load_state_dict(to_state_dict(state, "the entry")); }};
 }
 
 // A variable of type T: saved as it is; loaded when the file's value has the type `has_type` accepts.
@@ -62,7 +51,7 @@ CheckpointEntry::CheckpointEntry(Amp& amp) : CheckpointEntry(state_dict_of(amp))
 
 CheckpointEntry::CheckpointEntry(StateDict& dict)
     : CheckpointEntry(Functions{[&dict] { return c10::IValue(dict); },
-                                [&dict](const c10::IValue& state) { dict = as_state_dict(state); }}) {}
+                                [&dict](const c10::IValue& state) { dict = to_state_dict(state, "the entry"); }}) {}
 
 CheckpointEntry::CheckpointEntry(torch::Tensor& value)
     : CheckpointEntry(Functions{[&value] { return c10::IValue(value.defined() ? value.detach().cpu() : value); },
@@ -105,7 +94,7 @@ void load(const std::string& path, CheckpointEntries entries) {
               ", not the dict of named entries that ampp::save and torch.save({...}) write");
   StateDict file;
   try {
-    file = as_state_dict(read);
+    file = to_state_dict(read, "the file");
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "ampp::load('", path, "'): ", e.what_without_backtrace());
   }
