@@ -37,18 +37,8 @@ std::string sample_archive() {
 // sample_archive() with its first storage's location "cpu" rewritten to "cuda:0", as rank 0 of a GPU run saves
 // it (the others refer to that storage's location by memo).
 std::string saved_on_cuda0() {
-  const std::string cpu(
-      "X\x03\x00\x00\x00"
-      "cpu",
-      8),
-      cuda(
-          "X\x06\x00\x00\x00"
-          "cuda:0",
-          11);
-  return rewritten(sample_archive(), [&](const std::string& name, std::string content) {
-    const size_t at = content.find(cpu);
-    if (name == "data.pkl" && at != std::string::npos) content.replace(at, cpu.size(), cuda);
-    return content;
+  return rewritten(sample_archive(), [](const std::string& name, std::string content) {
+    return name == "data.pkl" ? ampp_test::with_first_storage_on_cuda0(std::move(content)) : content;
   });
 }
 

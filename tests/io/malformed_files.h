@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "io/rewritten_archive.h"
+
 namespace malformed {
 
 // A zip written by PyTorch's own writer (valid CRCs), holding `pickle` as data.pkl and `records` as data/<key>.
@@ -92,16 +94,7 @@ inline std::string foreign_global() { return archive("\x80\x02\x63os\nsystem\n)R
 // The tensor's storage saved from "cuda:0" (its location string replaced).
 inline std::string cuda_location() {
   auto [pickle, data] = pickled_tensor("fc1.weight", fc1_weight());
-  const std::string cpu(
-      "X\x03\x00\x00\x00"
-      "cpu",
-      8),
-      cuda(
-          "X\x06\x00\x00\x00"
-          "cuda:0",
-          11);
-  pickle.replace(pickle.find(cpu), cpu.size(), cuda);
-  return archive(pickle, {{"0", data}});
+  return archive(ampp_test::with_first_storage_on_cuda0(pickle), {{"0", data}});
 }
 
 // Every file above with its corpus name.

@@ -5,6 +5,7 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <functional>
+#include <stdexcept>
 #include <string>
 
 #include "ampp/io/zip_records.h"
@@ -28,6 +29,24 @@ inline std::string rewritten(const std::string& bytes,
   }
   writer.writeEndOfFile();
   return out;
+}
+
+// `pickle` with its first storage location, the string "cpu" as the pickler writes it (BINUNICODE), made
+// "cuda:0", as rank 0 of a GPU run saves it (a later storage refers to that string by memo). A pickle without
+// one is the test's own mistake: it throws.
+inline std::string with_first_storage_on_cuda0(std::string pickle) {
+  // (split literals: a hex escape would swallow the "c" after it)
+  const std::string cpu(
+      "X\x03\x00\x00\x00"
+      "cpu",
+      8),
+      cuda(
+          "X\x06\x00\x00\x00"
+          "cuda:0",
+          11);
+  const size_t at = pickle.find(cpu);
+  if (at == std::string::npos) throw std::logic_error("with_first_storage_on_cuda0: the pickle has no \"cpu\" storage");
+  return pickle.replace(at, cpu.size(), cuda);
 }
 
 }  // namespace ampp_test
