@@ -4,18 +4,22 @@
 The same models under the same names (`mlp`, `cnn`, `resnet` of ampp::train::make_model), the same data
 (Fashion-MNIST from Debian's dataset-fashion-mnist, standardised by the training split's mean and std),
 DistributedSampler with the run's seed and epoch, each of W workers taking batch_size // W images with the
-last partial batch dropped, cross-entropy, SGD with momentum and weight decay, DDP over Gloo with W
-processes started as seed 000 does (torch.multiprocessing.spawn), one evaluation of the test split per
-epoch. The GPTs (`gpt-tiny`, `gpt-mini`: examples/python/gpt.py, the names and initialisation of
-ampp's) read the byte-level text ampp train reads by default (the fortunes files, 10% held out, windows of
-the model's context). Precision: fp32 (ampp's O0), or CPU autocast in bf16/fp16 (ampp's O1; no loss scaler for bf16, a
+last partial batch dropped, cross-entropy, DDP over Gloo with W processes started as seed 000 does
+(torch.multiprocessing.spawn), one evaluation of the test split per epoch. The recipe (--recipe): `peer`, the
+benchmark's one recipe for every model (SGD with momentum and weight decay at a constant lr, no clipping,
+global batch 128), or `gpt`, ampp train's defaults for a GPT, nanoGPT's (AdamW, cosine lr, clipping; RECIPES).
+The GPTs (`gpt-tiny`, `gpt-mini`: examples/python/gpt.py, the names and initialisation of ampp's) read the
+byte-level text ampp train reads by default (the fortunes files, 10% held out, windows of the model's context).
+Precision: fp32 (ampp's O0), or CPU autocast in bf16/fp16 (ampp's O1; no loss scaler for bf16, a
 GradScaler for fp16). Rank 0 writes a summary with ampp's definitions: images/s is the images trained over
 the seconds since training started (after DDP was built), evaluations included.
 
     python3 bench/peer/peer_train.py --model cnn --precision bf16 --nproc 2 --out py.json
+    python3 bench/peer/peer_train.py --model gpt-mini --recipe gpt --nproc 2 --out py.json
 """
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -87,6 +91,45 @@ MODELS = {"mlp": Mlp, "cnn": Cnn, "resnet": ResNet,
           "gpt-mini": lambda widen=False: Gpt(**PRESETS["gpt-mini"], widen_attention=widen)}
 
 
+# Each recipe's defaults; a flag of the same name overrides one. `gpt` is ampp::train::with_model_defaults for a
+# GPT (src/ampp/train/options.cpp) with ampp's AdamW (adamw_options, param_groups_for in src/ampp/train/run.cpp):
+# nanoGPT's train.py. eval_batch: sequences or images per evaluation batch, 0 = each worker's training batch
+# (ampp's evaluation_batch, as nanoGPT's estimate_loss); `peer` keeps this twin's 512 of before.
+RECIPES = {
+    "peer": dict(optimizer="sgd", lr=0.05, weight_decay=1e-4, lr_schedule="step", warmup_steps=0, clip_grad_norm=0.0,
+                 batch_size=128, eval_batch=512),
+    "gpt": dict(optimizer="adamw", lr=6e-4, weight_decay=0.1, lr_schedule="cosine", warmup_steps=0, clip_grad_norm=1.0,
+                batch_size=32, eval_batch=0),
+}
+ADAMW_BETAS, ADAMW_EPS = (0.9, 0.95), 1e-8  # ampp's adamw_options: nanoGPT's beta2, PyTorch's eps
+
+
+def make_optimizer(model, args):
+    """ampp's make_optimizer on the CPU: torch.optim's own, each parameter's update in a loop (foreach=False, which
+    is also torch's CPU default; LibTorch's AdamW and SGD loop the same way). AdamW decays the matrices only: no
+    weight decay on biases and LayerNorm/BatchNorm weights (every parameter of fewer than 2 dimensions), as ampp's
+    param_groups_for and nanoGPT's configure_optimizers."""
+    params = list(model.parameters())
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, foreach=False)
+
+
+def scheduled_lr(args, steps_taken, cosine_steps):
+    """ampp's scheduled_lr (src/ampp/train/run.cpp): `step` is constant here (ampp's StepLR with --lr-step 0, its
+    default); `cosine` is nanoGPT's get_lr after the warmup, from lr down to lr / 10 over cosine_steps; the warmup
+    scales either by (k + 1) / warmup_steps at the k-th step taken."""
+    lr = args.lr
+    if args.lr_schedule == "cosine":
+        ratio = min(max((steps_taken - args.warmup_steps) / max(cosine_steps, 1), 0.0), 1.0)
+        lr = args.lr / 10 + (args.lr - args.lr / 10) * 0.5 * (1.0 + math.cos(math.pi * ratio))
+    if steps_taken < args.warmup_steps:
+        lr *= (steps_taken + 1) / args.warmup_steps
+    return lr
+
+
 def text_windows(context):
     """(train windows, next tokens, test windows, next tokens) as ampp::train::load_text makes them."""
     files = sorted(p for p in Path(TEXT).iterdir() if p.is_file() and not p.is_symlink() and p.suffix != ".dat")
@@ -114,21 +157,22 @@ def fashion_mnist():
     return standardise(train_x), train_y, standardise(test_x), test_y
 
 
-def evaluate(model, x, y, rank, world, dtype):
-    """Each rank a contiguous slice of the test split, batches of 512; sums allreduced (as ampp)."""
+def evaluate(model, x, y, rank, world, dtype, batch):
+    """Each rank a contiguous slice of the test split in batches of `batch`; sums allreduced (as ampp).
+    Returns (test loss, test accuracy), per image or token."""
     model.eval()
     begin, end = len(y) * rank // world, len(y) * (rank + 1) // world
     sums = torch.zeros(2, dtype=torch.float64)
     with torch.no_grad():
-        for i in range(begin, end, 512):
+        for i in range(begin, end, batch):
             with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-                logits = model(x[i:min(end, i + 512)]).float()
-            target = y[i:min(end, i + 512)]
+                logits = model(x[i:min(end, i + batch)]).float()
+            target = y[i:min(end, i + batch)]
             sums[0] += F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="sum").item()
             sums[1] += (logits.argmax(-1) == target).sum().item()
     dist.all_reduce(sums)
     model.train()
-    return 100.0 * sums[1].item() / y.numel()
+    return sums[0].item() / y.numel(), 100.0 * sums[1].item() / y.numel()
 
 
 def peak_rss_mb():
@@ -145,11 +189,41 @@ class NoScaler:
     def scale(self, loss):
         return loss
 
+    def unscale_(self, opt):
+        pass
+
     def step(self, opt):
         opt.step()
 
     def update(self):
         pass
+
+    def get_scale(self):
+        return 1.0
+
+
+class Clipping:
+    """A scaler that clips the unscaled gradients to max_norm before the step, as ampp's clip_gradients
+    (src/ampp/train/train_step.cpp: after the allreduce and the unscale, before the optimizer). torch's
+    clip_grad_norm_ is ampp's clip_grad_norm_on_device: the 2-norm of the norms, coefficient
+    min(max_norm / (norm + 1e-6), 1). Lets train_step (examples/python/train_cnn.py) stay the one step."""
+
+    def __init__(self, scaler, params, max_norm):
+        self.scaler, self.params, self.max_norm = scaler, list(params), max_norm
+
+    def scale(self, loss):
+        return self.scaler.scale(loss)
+
+    def step(self, opt):
+        self.scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        self.scaler.step(opt)
+
+    def update(self):
+        self.scaler.update()
+
+    def get_scale(self):
+        return self.scaler.get_scale()
 
 
 def worker(rank, args):
@@ -162,26 +236,41 @@ def worker(rank, args):
     if gpt and args.widen_attention:
         layout = {"widen": True}
     model = DistributedDataParallel(MODELS[args.model](**layout))
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    opt = make_optimizer(model, args)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     scaler = torch.amp.GradScaler("cpu") if args.precision == "fp16" else NoScaler()
+    if args.clip_grad_norm > 0:
+        scaler = Clipping(scaler, model.parameters(), args.clip_grad_norm)
     sampler = DistributedSampler(range(len(train_y)), num_replicas=args.nproc, rank=rank, shuffle=True, seed=args.seed)
     per_rank = args.batch_size // args.nproc
-    steps, accuracy, started = 0, 0.0, time.perf_counter()
+    # ampp's cosine_steps_of: the run's steps after the warmup.
+    cosine_steps = max(args.epochs * (len(sampler) // per_rank) - args.warmup_steps, 1)
+    # The lr and rank 0's loss of every step, for compare.py to set beside ampp's metrics.jsonl. The schedule
+    # counts the steps taken: one the fp16 GradScaler skipped (its scale went down) does not advance it, as in
+    # ampp; fp32 and bf16 skip none.
+    steps, taken, lrs, losses, started = 0, 0, [], [], time.perf_counter()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         order = torch.tensor(list(sampler), dtype=torch.int64)
         for b in range(len(order) // per_rank):
             idx = order[b * per_rank:(b + 1) * per_rank]
-            train_step(model, opt, scaler, dtype, train_x.index_select(0, idx), train_y.index_select(0, idx))
+            lrs.append(scheduled_lr(args, taken, cosine_steps))
+            for group in opt.param_groups:
+                group["lr"] = lrs[-1]
+            scale = scaler.get_scale()
+            loss = train_step(model, opt, scaler, dtype, train_x.index_select(0, idx), train_y.index_select(0, idx))
+            losses.append(loss.item())
             steps += 1
-        accuracy = evaluate(model, test_x, test_y, rank, args.nproc, dtype)
+            taken += scaler.get_scale() >= scale
+        test_loss, accuracy = evaluate(model, test_x, test_y, rank, args.nproc, dtype, args.eval_batch or per_rank)
     seconds = time.perf_counter() - started
     if rank == 0:
         Path(args.out).write_text(json.dumps({
             "images_per_sec": steps * per_rank * args.nproc / seconds, "seconds": seconds, "steps": steps,
             "tokens_per_sec": steps * per_rank * args.nproc * train_x.shape[1] / seconds if gpt else None,
-            "test_accuracy": accuracy, "peak_rss_mb_rank0": peak_rss_mb(), "torch": torch.__version__}, indent=2))
+            "test_accuracy": accuracy, "test_loss": test_loss, "peak_rss_mb_rank0": peak_rss_mb(),
+            "torch": torch.__version__, "lrs": lrs, "losses": losses,
+            "recipe": {k: getattr(args, k) for k in ["recipe", "momentum", *RECIPES["gpt"]]}}, indent=2))
     dist.destroy_process_group()
     # Without the exit-time teardown, as tests/oracle/fsdp_oracle.py: torch 2.13's aborted a Gloo rank about once
     # in 15 runs after destroy_process_group() had returned; mp.spawn reads the exit code 0 as success.
@@ -195,16 +284,26 @@ def main():
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=128, help="global, split across the workers")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="peer",
+                   help="the defaults of the flags below: peer (SGD, constant lr, batch 128) or gpt (a GPT's in ampp)")
+    p.add_argument("--batch-size", type=int, help="global, split across the workers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nchw", action="store_true", help="activations in NCHW order (ampp train --nchw)")
     p.add_argument("--widen-attention", action="store_true", help="GPTs: ampp's attention (examples/python/gpt.py)")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--optimizer", choices=["sgd", "adamw"])
+    p.add_argument("--lr", type=float)
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD's")
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--lr-schedule", choices=["step", "cosine"], help="step: constant (ampp's without --lr-step)")
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--clip-grad-norm", type=float, help="0: off")
+    p.add_argument("--eval-batch", type=int, help="per evaluation batch; 0: each worker's training batch")
     p.add_argument("--port", type=int, default=29731)
     p.add_argument("--out", required=True, help="the summary JSON (rank 0)")
     args = p.parse_args()
+    for key, value in RECIPES[args.recipe].items():  # what was not given is the recipe's
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.model.startswith("gpt") and not os.path.isdir(TEXT):
         sys.exit(f"the text is not in {TEXT}: apt install fortunes")
     if not args.model.startswith("gpt") and not os.path.isdir(FASHION_MNIST):

@@ -36,6 +36,7 @@
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/scaling/grad_scaler.h>
 #include <ampp/scaling/gradient_ranges.h>
+#include <ampp/scaling/skip_ledger.h>
 
 // io: files in PyTorch's torch.save format, state dicts in PyTorch's layouts, torch::serialize archives
 // read from untrusted bytes

@@ -1,8 +1,10 @@
 // Amp's step with a fused optimizer (ampp::FusedSGD): the overflow check, the scale update with apex's cap
 // and the skip all stay on the device, so an O1 or O2 iteration reads nothing on the host (a GPU step
 // stays asynchronous and a CUDA graph can capture it). The oracle is the same loop with
-// torch::optim::SGD, whose skip Amp decides on the host.
+// torch::optim::SGD, whose skip Amp decides on the host. Without loss scaling, Amp::step_unless takes the
+// caller's own flag the same way.
 #include <ampp/amp/initialize.h>
+#include <ampp/numerics/unscale.h>
 #include <ampp/scaling/fused_optimizers.h>
 #include <ampp/util/torch_version.h>
 
@@ -103,4 +105,44 @@ TEST(AmpSyncFree, AccumulatingOntoASkippedStepsGradientsDropsThemFirst) {
   EXPECT_TRUE(torch::isfinite(lin->weight).all().item<bool>());
   EXPECT_FALSE(torch::equal(before, lin->weight.detach())) << "the finite step was taken";
   EXPECT_EQ(amp.skipped_steps(), 1);
+}
+
+// A loop without loss scaling (O0) checks its own gradients and steps with Amp::step_unless: the optimizers
+// skip where the flag is set, a fused one on the device with no host read, a plain one on the host, and the
+// ledger counts the skips either way.
+TEST(AmpSyncFree, StepUnlessSkipsAnUnscaledLoopWhereItsFlagSaysAndTheLedgerCounts) {
+  using ampp::Properties;
+  if (!AMPP_TORCH_AT_LEAST(2, 4)) GTEST_SKIP() << "ATen's fused optimizer kernels need LibTorch 2.4 or newer";
+  std::vector<torch::Tensor> weights;
+  for (const bool fused : {false, true}) {
+    torch::manual_seed(3);
+    auto lin = torch::nn::Linear(4, 2);
+    const auto sgd = torch::optim::SGDOptions(0.1);
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (fused)
+      opt = std::make_unique<ampp::FusedSGD>(lin->parameters(), sgd);
+    else
+      opt = std::make_unique<torch::optim::SGD>(lin->parameters(), sgd);
+    auto amp = ampp::initialize(lin.ptr(), *opt, Properties("O0").verbosity(0));
+    ASSERT_FALSE(amp.checks_overflow());
+    int reads = 0;
+    for (int step = 0; step < 6; ++step) {
+      amp.zero_grad();
+      auto loss = lin->forward(torch::ones({3, 4}) * (step + 1)).pow(2).sum();
+      if (step == 1 || step == 4) loss = loss * std::numeric_limits<float>::infinity();
+      loss.backward();
+      auto found = torch::zeros({});
+      ampp::numerics::non_finite_check_and_unscale_({lin->weight.grad(), lin->bias.grad()}, found, torch::ones({}));
+      ampp_test::HostReadCounter counter;
+      amp.step_unless(found);
+      reads += counter.count();
+    }
+    EXPECT_EQ(amp.ledger().steps(), 6) << fused;
+    EXPECT_EQ(amp.skipped_steps(), 2) << fused;
+    EXPECT_EQ(amp.ledger().taken(), 4) << fused;
+    if (fused) EXPECT_EQ(reads, 0);
+    EXPECT_TRUE(torch::isfinite(lin->weight).all().item<bool>()) << fused;
+    weights.push_back(lin->weight.detach().clone());
+  }
+  EXPECT_TRUE(torch::allclose(weights[0], weights[1], 1e-5, 1e-6)) << "the plain and the fused steps agree";
 }

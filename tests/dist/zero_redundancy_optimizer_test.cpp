@@ -359,6 +359,34 @@ TEST(ZeroRedundancyOptimizer, JoinLetsRanksWithThreeAndFiveBatchesFinishWithTheJ
   });
 }
 
+// The step's broadcasts through another group of the same ranks (`ampp train` hands ZeRO DDP's NCCL group
+// where each worker has its GPU): the same training, bit for bit, as unsharded SGD. A group of other ranks
+// is refused, on every rank.
+TEST(ZeroRedundancyOptimizer, ItsBroadcastsGoThroughAnotherGroupOfTheSameRanksAlike) {
+  on_ranks(3, [&](int rank, const ProcessGroup& pg) {
+    const auto same = new_group(pg, {0, 1, 2});
+    const auto pair = new_group(pg, {0, 1});  // rank 2 is not in it
+    Trainee sharded(rank + 1, pg), plain(rank + 1, pg);
+    const auto options = SGDOptions(0.1).momentum(0.9);
+    auto zero = ZeroRedundancyOptimizer::of<SGD>(sharded.ddp.parameters(), options,
+                                                 ZeroRedundancyOptimizerOptions().process_group(pg));
+    AMPP_EXPECT_THROW_WITH(zero.set_broadcast_group(pair), "must hold the optimizer's ranks in the same order");
+    zero.set_broadcast_group(same);
+    SGD reference(plain.ddp.parameters(), options);
+    for (int step = 0; step < 4; ++step) {
+      zero.zero_grad();
+      reference.zero_grad();
+      sharded.backward(step, rank, 3);
+      plain.backward(step, rank, 3);
+      zero.step();
+      reference.step();
+      ASSERT_TRUE(torch::equal(flat_params(sharded.ddp.parameters()), flat_params(plain.ddp.parameters())))
+          << "step " << step;
+    }
+    pg.barrier();
+  });
+}
+
 TEST(ZeroRedundancyOptimizer, MisuseIsAClearError) {
   on_ranks(2, [&](int rank, const ProcessGroup& pg) {
     Trainee run(rank + 1, pg);

@@ -1,9 +1,9 @@
-// `ampp train --cuda-graphs` without a GPU: its step path (the eager step, with Amp's loss scaler and its
-// skip on the device, the loss and accuracy summed on the device and read every --log-every steps) runs
-// eagerly on the CPU in the test binary `ampp-faults` (AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP=1; what a GPU
-// captures as one graph, read as a GPU run reads it), and must train the eager trainer's model (which
-// reads after every step on the CPU) bit for bit, with the same losses, skips and loss scale, at every opt
-// level, and its checkpoints resume exactly. What it cannot capture is refused by name.
+// `ampp train --cuda-graphs` without a GPU: the step a graph captures (the eager step, with Amp's loss scaler
+// and its skip on the device, the loss and accuracy summed on the device, the lr looked up there) runs eagerly
+// on the CPU with --host-reads log-points, read only every --log-every steps as a GPU run reads it. It must
+// train the eager trainer's model (which reads after every step on the CPU) bit for bit, with the same
+// losses, skips and loss scale, at every opt level, and its checkpoints resume exactly. What a graph cannot
+// capture is refused by name.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -19,12 +19,14 @@ namespace {
 
 namespace fs = ampp_test::fs;
 
-const std::string kUncaptured = "AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP=1 ";
+// The step a GPU captures, read as a GPU run reads it.
+const std::string kAsGraphed = "--host-reads log-points";
 
 std::string run_line(const fs::path& dir, const std::string& extra) {
   const std::string workers = extra.find("--nproc") == std::string::npos ? "--nproc 1 " : "";
+  const std::string epochs = extra.find("--epochs") == std::string::npos ? "--epochs 2 " : "";
   return "train --data synthetic:384 --model cnn --batch-size 32 --deterministic --threads 1 --quiet --no-plots " +
-         workers + "--epochs 2 --log-every 5 --out " + (dir / "out").string() + " " + extra;
+         workers + epochs + "--log-every 5 --out " + (dir / "out").string() + " " + extra;
 }
 
 nlohmann::json summary_json_of(const fs::path& dir) {
@@ -37,8 +39,8 @@ void check_graphed_path_trains_as_eager(const std::string& precision, const std:
   ampp_test::TempDir tmp;
   auto r = ampp_test::run_shell(env + AMPP_FAULTS_CLI + " " + run_line(tmp.path() / "eager", precision));
   ASSERT_EQ(r.code, 0) << r.output;
-  r = ampp_test::run_shell(env + kUncaptured + AMPP_FAULTS_CLI + " " +
-                           run_line(tmp.path() / "graphed", precision + " --cuda-graphs"));
+  r = ampp_test::run_shell(env + AMPP_FAULTS_CLI + " " +
+                           run_line(tmp.path() / "graphed", precision + " " + kAsGraphed));
   ASSERT_EQ(r.code, 0) << r.output;
   ampp_test::expect_same_model(tmp.path() / "eager" / "out" / "model.pt", tmp.path() / "graphed" / "out" / "model.pt");
   const auto eager = summary_json_of(tmp.path() / "eager"), graphed = summary_json_of(tmp.path() / "graphed");
@@ -78,26 +80,47 @@ std::map<int64_t, double> lr_by_step(const fs::path& dir) {
   return lr;
 }
 
-// The cosine schedule (a GPT's default) where the host reads only every --log-every steps: each step's lr
-// looked up on the device at the steps taken, counted there, so the inf at step 6 (skipped) holds it back
-// at once, as on the trainer that reads every step, not at the next read. With AdamW and the warmup's
-// steps (read one by one) first; under a graph, and through ampp::FusedAdamW (--fused-optimizer, reading
-// at log points as a GPU run does), which reads the lr tensor itself, eager and graphed.
-TEST(CudaGraphsCli, TheGraphedStepPathFollowsTheCosineScheduleAsTheEagerStep) {
-  const std::string cosine = "--opt-level O1 --dtype fp16 --optimizer adamw --lr-schedule cosine --warmup-steps 3";
-  const std::string as_on_a_gpu = " --fused-optimizer --host-reads log-points";
-  const std::string inf = "AMPP_TRAIN_TEST_INF_AT=6:0 ";
-  check_graphed_path_trains_as_eager(cosine, inf);
-  check_graphed_path_trains_as_eager(cosine + as_on_a_gpu, inf);
+// metrics.jsonl's lr at each logged step of a run that reads every step and of one that reads at log points
+// (`as_on_a_gpu`), both with the test faults in `env`: equal, value for value.
+std::map<int64_t, double> expect_the_same_lr_at_every_log_point(const std::string& flags,
+                                                                const std::string& as_on_a_gpu,
+                                                                const std::string& env) {
   ampp_test::TempDir tmp;
-  for (const std::string& flags : {std::string(), as_on_a_gpu}) {
-    const auto r = ampp_test::run_shell(inf + AMPP_FAULTS_CLI + " " +
-                                        run_line(tmp.path() / (flags.empty() ? "reads" : "device"), cosine + flags));
-    ASSERT_EQ(r.code, 0) << r.output;
+  for (const std::string& extra : {std::string(), as_on_a_gpu}) {
+    const auto r = ampp_test::run_shell(env + AMPP_FAULTS_CLI + " " +
+                                        run_line(tmp.path() / (extra.empty() ? "reads" : "device"), flags + extra));
+    EXPECT_EQ(r.code, 0) << r.output;
   }
   const auto reads = lr_by_step(tmp.path() / "reads"), device = lr_by_step(tmp.path() / "device");
-  ASSERT_EQ(device.count(10), 1U);
-  for (const auto& [step, lr] : device) EXPECT_EQ(lr, reads.at(step)) << "step " << step;
+  EXPECT_EQ(device.count(10), 1U);
+  for (const auto& [step, lr] : device) EXPECT_EQ(lr, reads.count(step) ? reads.at(step) : -1.0) << "step " << step;
+  return device;
+}
+
+// The cosine schedule (a GPT's default) where the host reads only every --log-every steps: each step's lr
+// looked up on the device at the skip ledger's steps taken, so the inf at step 6 (skipped) holds it back
+// at once, as on the trainer that reads every step, not at the next read. With AdamW and the warmup first;
+// as a graph steps, and through ampp::FusedAdamW (--fused-optimizer), which reads the lr tensor itself.
+TEST(CudaGraphsCli, TheGraphedStepPathFollowsTheCosineScheduleAsTheEagerStep) {
+  const std::string cosine = "--opt-level O1 --dtype fp16 --optimizer adamw --lr-schedule cosine --warmup-steps 3";
+  const std::string inf = "AMPP_TRAIN_TEST_INF_AT=6:0 ";
+  check_graphed_path_trains_as_eager(cosine, inf);
+  check_graphed_path_trains_as_eager(cosine + " --fused-optimizer", inf);
+  expect_the_same_lr_at_every_log_point(cosine, " --fused-optimizer --host-reads log-points", inf);
+}
+
+// StepLR after a warmup, read only at log points: the skip at step 2, inside the warmup, holds the warmup
+// back at once (the host no longer reads each warmup step to count it), and the decay of --lr-step 1 starts
+// with the third epoch's first step (LibTorch's StepLR, docs/training.md), from that epoch's table, as on the
+// trainer that reads every step.
+TEST(CudaGraphsCli, TheGraphedStepPathFollowsTheWarmupAndStepLrAsTheEagerStep) {
+  const std::string step_lr = "--opt-level O1 --dtype fp16 --warmup-steps 8 --lr-step 1 --epochs 3";
+  const std::string inf = "AMPP_TRAIN_TEST_INF_AT=2:0 ";
+  check_graphed_path_trains_as_eager(step_lr, inf);
+  const auto lr = expect_the_same_lr_at_every_log_point(step_lr, " --fused-optimizer --host-reads log-points", inf);
+  ASSERT_TRUE(lr.count(5) && lr.count(20) && lr.count(30)) << "logged steps";
+  EXPECT_LT(lr.at(5), lr.at(20)) << "warming up at step 5 (one step skipped)";
+  EXPECT_NEAR(lr.at(30), lr.at(20) * 0.1, 1e-12) << "decayed in the third epoch";
 }
 
 // Checkpoints: a graphed run stopped mid-epoch (step 18 of 24) and resumed ends with the uninterrupted eager
@@ -112,9 +135,9 @@ TEST(CudaGraphsCli, ItsCheckpointsResumeExactlyUnderEitherStep) {
     ASSERT_EQ(r.code, 0) << r.output;
   };
   run("eager", "", "");
-  run("graphed", kUncaptured, "--cuda-graphs --steps 18");
-  run("graphed", kUncaptured, "--cuda-graphs --resume");
-  run("graphed-then-eager", kUncaptured, "--cuda-graphs --steps 18");
+  run("graphed", "", kAsGraphed + " --steps 18");
+  run("graphed", "", kAsGraphed + " --resume");
+  run("graphed-then-eager", "", kAsGraphed + " --steps 18");
   run("graphed-then-eager", "", "--resume");
   for (const std::string dir : {"graphed", "graphed-then-eager"}) {
     ampp_test::expect_same_model(tmp.path() / "eager" / "out" / "model.pt", tmp.path() / dir / "out" / "model.pt");
@@ -132,9 +155,8 @@ TEST(CudaGraphsCli, WhatCannotBeCapturedIsRefusedByName) {
     EXPECT_NE(r.output.find(message), std::string::npos) << extra << ": " << r.output;
   };
   refused("", "", "CUDA graphs need a GPU; use --device cuda");
-  refused(kUncaptured, "--doctor", "--doctor and --profile read every step on the host");
-  refused(kUncaptured, "--no-fused-optimizer", "drop --no-fused-optimizer");
-  refused(kUncaptured, "--nproc 2", "one worker only for now");
+  refused("", "--doctor", "--doctor and --profile read every step on the host");
+  refused("", "--no-fused-optimizer", "drop --no-fused-optimizer");
 }
 
 }  // namespace
@@ -147,10 +169,10 @@ TEST(CudaGraphsCli, StopsOnTheEagerTrainersSkipRulesBetweenReads) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"4:0,5:0,6:0", "steps 4 to 6 (3 in a row"}, {"2:0,4:0,6:0,7:0", "4 of the last 6 steps (to step 7)"}};
   for (const auto& [infs, rule] : cases) {
-    for (const std::string graphed : {"", "--cuda-graphs"}) {
-      const auto r = ampp_test::run_shell(
-          "AMPP_TRAIN_TEST_INF_AT=" + infs + " " + kUncaptured + AMPP_FAULTS_CLI + " " +
-          run_line(tmp.path() / (graphed + infs), "--opt-level O1 --dtype fp16 --max-consecutive-skips 3 " + graphed));
+    for (const std::string graphed : {std::string(), kAsGraphed}) {
+      const auto r = ampp_test::run_shell("AMPP_TRAIN_TEST_INF_AT=" + infs + " " + AMPP_FAULTS_CLI + " " +
+                                          run_line(tmp.path() / ((graphed.empty() ? "eager" : "graphed") + infs),
+                                                   "--opt-level O1 --dtype fp16 --max-consecutive-skips 3 " + graphed));
       EXPECT_NE(r.code, 0) << r.output;
       EXPECT_NE(r.output.find("the run diverged: " + rule), std::string::npos) << graphed << "\n" << r.output;
     }

@@ -6,10 +6,6 @@
 //                                    overflow on every rank (every attempt: part of the run)
 //   AMPP_TRAIN_TEST_KILL_IN_SAVE=N   rank 0 dies halfway through writing its N-th checkpoint
 //                                    (1-based, first attempt only), leaving a partial temporary file
-//   AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP=1
-//                                    --cuda-graphs runs on the CPU: its step path eagerly, uncaptured
-//   AMPP_TRAIN_TEST_PREFETCH_ON_CPU=1
-//                                    the batches' loader thread (a GPU default) runs on the CPU too
 #include "ampp/train/fault_injection.h"
 
 #include <ampp/util/parse_number.h>
@@ -64,8 +60,6 @@ void die_halfway_through_save(int64_t nth, int64_t step, const std::string& temp
 FaultInjection from_environment(int rank, int world, bool restarted) {
   FaultInjection f;
   f.inf_steps = steps_of_rank("AMPP_TRAIN_TEST_INF_AT", rank);
-  f.uncaptured_graph_step = env_int("AMPP_TRAIN_TEST_UNCAPTURED_GRAPH_STEP").value_or(0) != 0;
-  f.prefetch_on_cpu = env_int("AMPP_TRAIN_TEST_PREFETCH_ON_CPU").value_or(0) != 0;
   f.error_on_sync = env_int("AMPP_TRAIN_TEST_ERROR_ON_SYNC").value_or(0) != 0;
   if (restarted) return f;
   if (rank == world - 1) {

@@ -285,9 +285,9 @@ TEST(GpuDefaultsCli, OnTheCpuTheirFlagsChangeNothing) {
   ampp_test::expect_same_model(tmp.path() / "defaults" / "out" / "model.pt", tmp.path() / "off" / "out" / "model.pt");
 }
 
-// The batches' loader thread (a GPU default; the test faults turn it on on the CPU) hands the step the
-// same batches: two workers trained with it, stopped mid-epoch (step 9 of 12) and resumed, end with the
-// model of a run without it, bit for bit.
+// The batches' loader thread (a GPU default; --prefetch turns it on on the CPU) hands the step the same
+// batches: two workers trained with it, stopped mid-epoch (step 9 of 12) and resumed, end with the model of
+// a run without it, bit for bit.
 TEST(GpuDefaultsCli, PrefetchedBatchesTrainTheSameModelAndResumeExactly) {
   ampp_test::TempDir tmp;
   auto train = [&](const std::string& dir, const std::string& env, const std::string& extra) {
@@ -295,10 +295,9 @@ TEST(GpuDefaultsCli, PrefetchedBatchesTrainTheSameModelAndResumeExactly) {
                                         ampp_test::small_run(tmp.path() / dir, "--epochs 2 --opt-level O1 " + extra));
     ASSERT_EQ(r.code, 0) << r.output;
   };
-  const std::string prefetch = "AMPP_TRAIN_TEST_PREFETCH_ON_CPU=1 ";
   train("plain", "", "");
-  train("prefetched", prefetch, "--steps 9");
-  train("prefetched", prefetch, "--resume");
+  train("prefetched", "", "--prefetch --steps 9");
+  train("prefetched", "", "--prefetch --resume");
   ampp_test::expect_same_model(tmp.path() / "plain" / "out" / "model.pt",
                                tmp.path() / "prefetched" / "out" / "model.pt");
 }

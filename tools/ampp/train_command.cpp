@@ -167,6 +167,9 @@ void add_optimization_flags(CLI::App& sub, TrainOptions& o) {
       "--no-prefetch", [&o] { o.prefetch_batches(false); },
       "on a GPU: prepare and copy each batch when the step needs it, instead of one ahead on a loader thread and "
       "a side stream while the step before runs");
+  sub.add_flag_callback(
+      "--prefetch", [&o] { o.prefetch_batches(true); },
+      "the loader thread on the CPU too (the default on a GPU); the same batches, one core less for the step");
   sub.add_flag("--cuda-graphs", o.cuda_graphs(),
                "on a GPU, one worker: each step one CUDA graph replay, nothing waiting for the host; the loss and "
                "accuracy read every --log-every steps (O0/O1; docs/gpu.md)");
@@ -310,7 +313,7 @@ const std::map<std::string, std::string> kTrainRenamedFields = {
     {"cudnn_benchmark", "--no-cudnn-benchmark"},
     {"fused_optimizer", "--fused-optimizer / --no-fused-optimizer"},
     {"pinned_batches", "--no-pinned-batches"},
-    {"prefetch_batches", "--no-prefetch"}};
+    {"prefetch_batches", "--prefetch / --no-prefetch"}};
 
 const bool registered_train = ampp::cli::register_command(
     {"train", "Train a model (Fashion-MNIST by default) with mixed precision and data-parallel workers",

@@ -17,6 +17,7 @@
 #include <ampp/amp/properties.h>
 #include <ampp/precision/autocast.h>
 #include <ampp/scaling/grad_scaler.h>
+#include <ampp/scaling/skip_ledger.h>
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -135,10 +136,20 @@ class Amp {
   /// masters into its model: apex's patched optimizer.step() for several models. A GAN steps the
   /// discriminator's optimizer after its backward, then the generator's after the generator's backward.
   bool step(torch::optim::Optimizer& optimizer);
-  /// Non-zero where the last step() skipped for inf/NaN gradients: float32, 0-dim, where the loss scale
-  /// is, for a device-side count (no host read). Undefined before the first step() and when no loss
-  /// scaler checks the gradients (checks_overflow() false).
+  /// step() for a loop without loss scaling (checks_overflow() false: O0, or bf16 at a static scale of 1),
+  /// which checks its unscaled gradients itself: every optimizer steps unless `skip` (float32, 0-dim,
+  /// non-zero: inf/NaN, e.g. numerics::non_finite_check_and_unscale_'s found-inf flag) says they are not
+  /// finite. A fused optimizer skips on the device; another reads the flag on the host. With a loss scaler
+  /// both flags count. Recorded in ledger() as step() records.
+  bool step_unless(const torch::Tensor& skip);
+  /// Non-zero where the last step() skipped for inf/NaN gradients: ledger().skipped_flag(), float32,
+  /// 0-dim, where the decision was made (no host read). Undefined before the first step(); zero after a
+  /// step that nothing checked (checks_overflow() false and no step_unless()).
   const torch::Tensor& last_step_skipped() const;
+  /// Each step()'s skip decision, one entry per step() call (the sum of its optimizers' flags): the one
+  /// record of skips (Note [the skip ledger], skip_ledger.h). `ampp train` restores it from a checkpoint.
+  const SkipLedger& ledger() const;
+  SkipLedger& ledger();
 
   /// Zeroes the gradients of the optimizers' params (the masters under O2) and drops the model's.
   /// Cheaper than optimizer.zero_grad() (same result): the grads are dropped, the next
@@ -208,7 +219,7 @@ class Amp {
   /// found-inf flag first, e.g. FullyShardedDataParallel::found_inf_hook() (each rank checks only its shards).
   /// nullptr: no agreement (DDP's gradients are whole on every rank).
   void set_found_inf_reducer(FoundInfHook reduce);
-  /// Steps skipped because of overflow, over all optimizers (a host read where a fused optimizer counted).
+  /// step() calls that skipped (any of their optimizers) because of overflow: ledger().skipped(), a host read.
   int64_t skipped_steps() const;
   /// The properties in force (level defaults + overrides, dtype resolved for the model's device).
   const Properties& properties() const;

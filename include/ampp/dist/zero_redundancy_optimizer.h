@@ -103,6 +103,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer,
   const std::vector<int>& owners() const { return owners_; }
   int rank() const { return group_.rank(); }
   int world_size() const { return group_.size(); }
+  // The step's broadcasts of the updated parameters through `group` instead (the same ranks, in the same
+  // order), e.g. NCCL's for CUDA parameters while the checkpoints' gathers of bytes stay on the Gloo group.
+  // Collective order is unchanged, so every rank must make the same call before its next step.
+  void set_broadcast_group(const ProcessGroup& group);
 
   // Collective (every rank): gathers every shard's state on rank `to`, where save() then writes it as
   // the unsharded optimizer's archive. PyTorch's consolidate_state_dict(to).
@@ -135,6 +139,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer,
   void broadcast_parameters();
 
   ProcessGroup group_;
+  std::optional<ProcessGroup> broadcast_group_;  // set_broadcast_group(); else group_
   OptimizerFactory factory_;
   ZeroRedundancyOptimizerOptions options_;
   std::vector<int> owners_;

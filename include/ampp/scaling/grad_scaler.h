@@ -10,6 +10,7 @@
 //   scaler.step(opt);                              // skips opt.step() if any grad is inf/NaN
 //   scaler.update();                               // once per iteration, after every step()
 
+#include <ampp/scaling/skip_ledger.h>
 #include <ampp/util/state_dict.h>
 
 #include <torch/arg.h>
@@ -168,11 +169,13 @@ class GradScaler {
   const GradScalerOptions& options() const { return options_; }
   /// Stage of `optimizer` in the current iteration (kReady if never seen).
   OptState stage(const torch::optim::Optimizer& optimizer) const;
-  /// true if the most recent step() call skipped optimizer.step() because of inf/NaN gradients.
-  /// These three counters are kept on the device by the fused path, and read here (a host read).
-  bool found_inf_last_step() const;
-  /// Number of optimizer.step() calls skipped since construction (saved in state_dict).
-  int64_t skipped_steps() const;
+  /// true if the most recent step() call skipped optimizer.step() because of inf/NaN gradients (a host
+  /// read of ledger()).
+  bool found_inf_last_step() const { return ledger_.last_skipped(); }
+  /// Number of optimizer.step() calls skipped since construction (saved in state_dict; a host read of ledger()).
+  int64_t skipped_steps() const { return ledger_.skipped(); }
+  /// Every step() call's skip decision, where it was made (Note [the skip ledger], skip_ledger.h).
+  const SkipLedger& ledger() const { return ledger_; }
   /// Updates in a row whose gradients held inf/NaN (0 after a finite one; not saved in state_dict).
   int64_t consecutive_overflows() const;
   /// Remaining overflows before the next backoff (== hysteresis when none is pending).
@@ -188,10 +191,10 @@ class GradScaler {
 
   /// The live scale tensor (float32, 0-dim), undefined before the first scale() when enabled.
   const torch::Tensor& scale_tensor() const { return scale_; }
-  /// The fused path's inf/NaN flag of the last step, where the scale is (float32, 0-dim, non-zero = the
-  /// step was skipped), updated in place by every fused step without a host read (so a captured CUDA
-  /// graph's step updates it too); undefined before the first fused step.
-  const torch::Tensor& found_inf_on_device() const { return on_device_.last_found_inf; }
+  /// The last step's skip flag where it was decided (float32, 0-dim, non-zero = the step was skipped):
+  /// ledger().skipped_flag(), updated in place by every step without a host read (so a captured CUDA
+  /// graph's step updates it too); undefined before the first step.
+  const torch::Tensor& found_inf_on_device() const { return ledger_.skipped_flag(); }
 
  private:
   struct PerOptimizerState {
@@ -199,14 +202,13 @@ class GradScaler {
     std::map<std::string, torch::Tensor> found_inf_per_device;  // key: device string
     bool fused = false;  // stepped through a GradScaleAwareOptimizer (no host read so far)
   };
-  // What the fused steps and the device's update rule count, kept where the scale is (0-dim) until a
-  // host read folds them into the host counts below; undefined before the first of either. A fold keeps
-  // the tensors (a captured CUDA graph goes on updating them: cuda_graph_step.h) and restarts the three
-  // that count since the last fold.
+  // What the device's update rule counts, kept where the scale is (0-dim) until a host read folds them
+  // into the host counts below; undefined before the first update there. A fold keeps the tensors (a
+  // captured CUDA graph goes on updating them: cuda_graph_step.h) and restarts device_updates. The skips
+  // are not here: ledger_ holds them.
   struct OnDeviceCounts {
-    torch::Tensor last_found_inf;                                              // as of the last fused step
     torch::Tensor consecutive_overflows, hysteresis_tracker, floor_overflows;  // as of the last update
-    torch::Tensor fused_steps, skipped_steps, device_updates;                  // since the last fold
+    torch::Tensor device_updates;                                              // since the last fold
   };
 
   void check_scale_growth_tracker(const char* funcname) const;
@@ -236,9 +238,8 @@ class GradScaler {
   std::unordered_map<const torch::optim::Optimizer*, PerOptimizerState> per_optimizer_states_;
 
   FoundInfHook found_inf_hook_;
+  SkipLedger ledger_;                 // each step()'s skip decision
   mutable OnDeviceCounts on_device_;  // mutable: the const readers fold it into the three below
-  mutable bool found_inf_last_step_ = false;
-  mutable int64_t skipped_steps_ = 0;
   mutable int64_t hysteresis_tracker_ = 1;
   mutable int64_t min_scale_overflows_ = 0;  // consecutive overflowing updates that found the scale at the floor
   mutable int64_t consecutive_overflows_ = 0;

@@ -120,9 +120,11 @@ struct TrainOptions {
   TORCH_ARG(std::optional<bool>, fused_optimizer) = std::nullopt;
   TORCH_ARG(HostReads, host_reads) = HostReads::kAuto;
   TORCH_ARG(bool, pinned_batches) = true;
-  // On a GPU, a loader thread prepares the next batch and copies it on a side stream while the current step
-  // runs (ampp::train::BatchPrefetcher, as a DataLoader with one worker). The same batches, bit for bit.
-  TORCH_ARG(bool, prefetch_batches) = true;
+  // A loader thread prepares the next batch and copies it on a side stream while the current step runs
+  // (ampp::train::BatchPrefetcher, as a DataLoader with one worker). The same batches, bit for bit.
+  // nullopt: on a GPU only (uses_loader_thread(); on the CPU a batch is one gather and the thread would take
+  // a core from the step); true: on the CPU too; false: nowhere.
+  TORCH_ARG(std::optional<bool>, prefetch_batches) = std::nullopt;
   // On a GPU, one worker: each step is one CUDA graph replayed (ampp::CudaGraphStep) instead of hundreds of
   // launches, with GradScaler and ampp::FusedSGD, so that nothing in a step waits for the host; the loss,
   // accuracy, scale and skips are read every log_every steps. Refuses what needs the host every step.
@@ -187,9 +189,11 @@ torch::Device usable_device(const std::string& text, const std::string& what);
 
 // TrainOptions::device as a torch::Device (validate() has checked it).
 torch::Device device_of(const TrainOptions& options);
-// TrainOptions::fused_optimizer and host_reads, resolved for a run whose step runs as on a GPU (`gpu_step`).
+// TrainOptions::fused_optimizer, host_reads and prefetch_batches, resolved for a run whose step runs on a GPU
+// (`gpu_step`) or not.
 bool uses_fused_optimizer(const TrainOptions& options, bool gpu_step);
 bool reads_every_step(const TrainOptions& options, bool gpu_step);
+bool uses_loader_thread(const TrainOptions& options, bool gpu_step);
 // TrainOptions::data with the model's default filled in ("text" for a GPT).
 std::string data_spec(const TrainOptions& options);
 // A GPT's tokens per sequence: TrainOptions::context, or the preset's.

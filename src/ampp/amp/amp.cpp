@@ -40,21 +40,15 @@ bool detail::skip_decided_on_host(const OptimizerRecord& rec) {
 namespace {
 
 // apex's skip_step: drop the (inf/NaN) gradients, leave parameters and optimizer state alone.
-void skip_on_host(AmpState& st, OptimizerRecord& rec) {
+void skip_on_host(OptimizerRecord& rec) {
   for (auto& slot : rec.slots) slot.param.mutable_grad() = torch::Tensor();
-  ++st.skipped_steps;
 }
 
 // A fused optimizer (ampp::FusedSGD, FusedAdamW) takes the skip flag and leaves every tensor untouched
-// where it is set: the decision stays on the device, and so does the count.
-void step_skipping_on_device(AmpState& st, OptimizerRecord& rec, GradScaleAwareOptimizer& fused) {
+// where it is set: the decision stays on the device (and the ledger records it there).
+void step_skipping_on_device(OptimizerRecord& rec, GradScaleAwareOptimizer& fused) {
   fused.set_grad_scaling(torch::Tensor(), rec.skip_flag);  // the gradients are unscaled already
   rec.optimizer->step();
-  torch::NoGradGuard no_grad;
-  const torch::Tensor skipped = rec.skip_flag.gt(0);
-  if (!st.skipped_steps_device.defined())
-    st.skipped_steps_device = torch::zeros({}, skipped.options().dtype(torch::kLong));
-  st.skipped_steps_device.add_(skipped);
   rec.skipped_on_device = rec.skip_flag;
 }
 
@@ -80,7 +74,7 @@ bool step_record(AmpState& st, OptimizerRecord& rec, torch::Tensor& skipped) {
   auto* fused = rec.skip_flag.defined() ? dynamic_cast<GradScaleAwareOptimizer*>(rec.optimizer) : nullptr;
   if (rec.skip_flag.defined()) skipped = skipped.defined() ? skipped + rec.skip_flag : rec.skip_flag;
   if (!fused && detail::skip_decided_on_host(rec)) {
-    skip_on_host(st, rec);
+    skip_on_host(rec);
     rec.skip_flag = torch::Tensor();
     return false;
   }
@@ -88,7 +82,7 @@ bool step_record(AmpState& st, OptimizerRecord& rec, torch::Tensor& skipped) {
     // apex runs optimizer.step() with its casts disabled; autocast must not touch the update.
     ampp::autocast no_autocast(st.device_type, st.low_dtype, /*enabled=*/false);
     if (fused)
-      step_skipping_on_device(st, rec, *fused);
+      step_skipping_on_device(rec, *fused);
     else
       rec.optimizer->step();
   }
@@ -103,6 +97,16 @@ bool step_record(AmpState& st, OptimizerRecord& rec, torch::Tensor& skipped) {
   }
   if (st.emulate_fp16 && st.model_cast_low && !st.use_masters) round_cast_params_to_fp16(st, rec);
   return true;
+}
+
+// A step() call into the ledger: the sum of its optimizers' skip flags, where they are (no host read), or
+// "taken" where no flag was set (nothing checked the gradients).
+void record_step(AmpState& st, const torch::Tensor& skipped) {
+  if (skipped.defined())
+    st.ledger.record(skipped);
+  else
+    st.ledger.record(false);
+  ++st.profile.steps;
 }
 
 // Amp::step() over several optimizers where one got no gradient since its last step and another did: a GAN
@@ -130,9 +134,16 @@ bool Amp::step() {
   bool all_stepped = true;
   torch::Tensor skipped;  // the records' flags, summed where they are
   for (auto& rec : st.optimizers) all_stepped = step_record(st, rec, skipped) && all_stepped;
-  if (st.scales_loss) st.last_step_skipped = skipped;
-  ++st.profile.steps;
+  record_step(st, skipped);
   return all_stepped;
+}
+
+bool Amp::step_unless(const torch::Tensor& skip) {
+  TORCH_CHECK(skip.defined() && skip.numel() == 1,
+              "Amp::step_unless: the flag must be one value (float32, 0-dim, "
+              "non-zero: skip), e.g. the found-inf flag of numerics::non_finite_check_and_unscale_");
+  for (auto& rec : state_->optimizers) rec.skip_flag = rec.skip_flag.defined() ? rec.skip_flag + skip : skip;
+  return step();
 }
 
 bool Amp::step(torch::optim::Optimizer& optimizer) {
@@ -140,8 +151,7 @@ bool Amp::step(torch::optim::Optimizer& optimizer) {
   auto* rec = st.records_for({&optimizer}).at(0);
   torch::Tensor skipped;
   const bool stepped = step_record(st, *rec, skipped);
-  if (st.scales_loss) st.last_step_skipped = skipped;
-  ++st.profile.steps;
+  record_step(st, skipped);
   return stepped;
 }
 
@@ -350,10 +360,9 @@ const GradScaler& Amp::scaler(int64_t loss_id) const {
   return *state_->scalers[loss_id];
 }
 
-int64_t Amp::skipped_steps() const {
-  const AmpState& st = *state_;
-  return st.skipped_steps + (st.skipped_steps_device.defined() ? st.skipped_steps_device.item<int64_t>() : 0);
-}
+int64_t Amp::skipped_steps() const { return state_->ledger.skipped(); }
+const SkipLedger& Amp::ledger() const { return state_->ledger; }
+SkipLedger& Amp::ledger() { return state_->ledger; }
 
 bool Amp::checks_overflow() const { return state_->scales_loss; }
 bool Amp::step_will_skip() const {
@@ -362,7 +371,7 @@ bool Amp::step_will_skip() const {
   return false;
 }
 
-const torch::Tensor& Amp::last_step_skipped() const { return state_->last_step_skipped; }
+const torch::Tensor& Amp::last_step_skipped() const { return state_->ledger.skipped_flag(); }
 const Properties& Amp::properties() const { return state_->props; }
 c10::ScalarType Amp::model_storage_dtype() const {
   const AmpState& st = *state_;

@@ -58,10 +58,8 @@ struct AmpState {
   std::vector<torch::Tensor> cast_params;  ///< model parameters that were cast (or fp16-rounded)
   std::vector<OptimizerRecord> optimizers;
   std::vector<std::unique_ptr<GradScaler>> scalers;  ///< one per loss_id
-  torch::Tensor overflow;     ///< the current backward's flag, summed from inside GradScaler::unscale_ (no host read)
-  int64_t skipped_steps = 0;  ///< skips decided on the host
-  torch::Tensor skipped_steps_device;  ///< int64, 0-dim: skips decided on the device by a fused optimizer
-  torch::Tensor last_step_skipped;     ///< Amp::last_step_skipped()
+  torch::Tensor overflow;  ///< the current backward's flag, summed from inside GradScaler::unscale_ (no host read)
+  SkipLedger ledger;       ///< each step()'s skip decision: Amp::ledger()
   AmpProfile profile;
 
   bool enabled() const { return props.enabled(); }

@@ -213,10 +213,21 @@ void ZeroRedundancyOptimizer::step_plain_local() {
   local_->step();
 }
 
+void ZeroRedundancyOptimizer::set_broadcast_group(const ProcessGroup& group) {
+  TORCH_CHECK(group && group.size() == group_.size() && group.rank() == group_.rank(),
+              "ZeroRedundancyOptimizer::set_broadcast_group: the group must hold the optimizer's ranks in the same "
+              "order (",
+              group_.size(), " ranks, this one ", group_.rank(), "), got ",
+              group ? std::to_string(group.size()) + " ranks, this one " + std::to_string(group.rank()) : "none",
+              "; make it with dist::new_group over every rank of the optimizer's group");
+  broadcast_group_ = group;
+}
+
 void ZeroRedundancyOptimizer::broadcast_parameters() {
   const auto bucket_bytes = static_cast<int64_t>(options_.broadcast_bucket_mb() * 1024 * 1024);
-  for (int r = 0; r < group_.size(); ++r) {
-    broadcast_coalesced(group_, shared_by_owner_[static_cast<size_t>(r)], bucket_bytes, r);
+  const ProcessGroup& group = broadcast_group_ ? *broadcast_group_ : group_;
+  for (int r = 0; r < group.size(); ++r) {
+    broadcast_coalesced(group, shared_by_owner_[static_cast<size_t>(r)], bucket_bytes, r);
   }
 }
 

@@ -101,11 +101,9 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   found_inf_hook_ = other.found_inf_hook_;
   const auto clone = [](const torch::Tensor& t) { return t.defined() ? t.clone() : torch::Tensor(); };
   const OnDeviceCounts& d = other.on_device_;
-  on_device_ = {clone(d.last_found_inf),  clone(d.consecutive_overflows), clone(d.hysteresis_tracker),
-                clone(d.floor_overflows), clone(d.fused_steps),           clone(d.skipped_steps),
+  on_device_ = {clone(d.consecutive_overflows), clone(d.hysteresis_tracker), clone(d.floor_overflows),
                 clone(d.device_updates)};
-  found_inf_last_step_ = other.found_inf_last_step_;
-  skipped_steps_ = other.skipped_steps_;
+  ledger_ = other.ledger_.clone();
   hysteresis_tracker_ = other.hysteresis_tracker_;
   min_scale_overflows_ = other.min_scale_overflows_;
   consecutive_overflows_ = other.consecutive_overflows_;
@@ -237,7 +235,7 @@ std::vector<std::string> overflowed_parameter_names(const GradScaler& scaler, co
 bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure) {
   if (!is_enabled()) {
     optimizer.step(std::move(closure));
-    found_inf_last_step_ = false;
+    ledger_.record(false);
     return true;
   }
   TORCH_CHECK(!closure,
@@ -254,7 +252,6 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimize
               "step() has already been called since the last update(). "
               "Call update() once per iteration, after step() of every optimizer.");
   if (auto* fused = dynamic_cast<GradScaleAwareOptimizer*>(&optimizer)) return step_fused(optimizer, *fused);
-  fold_on_device_counts();  // an earlier fused step's counts first: this step's come after them
   if (state_of(optimizer).stage == OptState::kReady) unscale_(optimizer);
 
   PerOptimizerState& st = state_of(optimizer);
@@ -265,12 +262,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::optim::Optimize
   double found = 0.0;  // PyTorch 1.13: step if the sum over devices is zero
   for (auto& [dev, f] : st.found_inf_per_device) found += f.item<double>();
   const bool do_step = found == 0.0;
-  if (do_step) {
-    optimizer.step();
-  } else {
-    ++skipped_steps_;
-  }
-  found_inf_last_step_ = !do_step;
+  if (do_step) optimizer.step();
+  ledger_.record(!do_step);
   st.stage = OptState::kStepped;
   return do_step;
 }
@@ -417,7 +410,7 @@ StateDict GradScaler::state_dict() const {
   sd.insert("growth_interval", options_.growth_interval());
   sd.insert("_growth_tracker", get_growth_tracker());
   sd.insert("_ampp_hysteresis_tracker", hysteresis_tracker_);
-  sd.insert("_ampp_skipped_steps", skipped_steps());  // folds the device's counts into the host's first
+  sd.insert("_ampp_skipped_steps", skipped_steps());  // a read of the ledger
   sd.insert("_ampp_min_scale_overflows", min_scale_overflows_);
   return sd;
 }
@@ -468,7 +461,7 @@ void GradScaler::load_state_dict(const StateDict& state) {
   // ampp extras are optional, so a state dict written from PyTorch's keys alone loads too.
   fold_on_device_counts();  // the loaded counts replace what the device held too
   hysteresis_tracker_ = count("_ampp_hysteresis_tracker", hysteresis_tracker_);
-  skipped_steps_ = count("_ampp_skipped_steps", skipped_steps_);
+  ledger_.restore(ledger_.taken(), count("_ampp_skipped_steps", ledger_.skipped()));
   min_scale_overflows_ = count("_ampp_min_scale_overflows", min_scale_overflows_);
   if (on_device_.consecutive_overflows.defined()) {
     on_device_.hysteresis_tracker.fill_(hysteresis_tracker_);

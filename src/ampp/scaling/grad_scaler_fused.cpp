@@ -41,10 +41,7 @@ bool GradScaler::step_fused(torch::optim::Optimizer& optimizer, GradScaleAwareOp
   const torch::Tensor found_inf = found_inf_sum(st);
   fused.set_grad_scaling(unscaled ? torch::Tensor() : scale_, found_inf);
   optimizer.step();
-  OnDeviceCounts& counts = on_device_counts();
-  counts.last_found_inf.copy_(found_inf);
-  counts.fused_steps.add_(1);
-  counts.skipped_steps.add_(found_inf.gt(0));
+  ledger_.record(found_inf);  // on the device: no read
   st.fused = true;
   st.stage = OptState::kStepped;
   return true;
@@ -102,51 +99,27 @@ void GradScaler::apply_policy_rule_on_device(const torch::Tensor& overflow) {
 }
 
 GradScaler::OnDeviceCounts& GradScaler::on_device_counts() {
-  if (!on_device_.skipped_steps.defined()) {
+  if (!on_device_.device_updates.defined()) {
     const auto options = scale_.options().dtype(torch::kLong);
-    on_device_.last_found_inf = torch::zeros({}, scale_.options());
     on_device_.consecutive_overflows = torch::full({}, consecutive_overflows_, options);
     on_device_.hysteresis_tracker = torch::full({}, hysteresis_tracker_, options);
     on_device_.floor_overflows = torch::full({}, min_scale_overflows_, options);
-    on_device_.fused_steps = torch::zeros({}, options);
-    on_device_.skipped_steps = torch::zeros({}, options);
     on_device_.device_updates = torch::zeros({}, options);
   }
   return on_device_;
 }
 
 void GradScaler::fold_on_device_counts() const {
-  if (!on_device_.skipped_steps.defined()) return;
+  if (!on_device_.device_updates.defined()) return;
   const OnDeviceCounts& d = on_device_;
   const torch::Tensor host =  // one host read for all of them
-      torch::stack({d.fused_steps, d.skipped_steps, d.last_found_inf.ne(0).to(torch::kLong), d.device_updates,
-                    d.consecutive_overflows, d.hysteresis_tracker, d.floor_overflows})
-          .cpu();
+      torch::stack({d.device_updates, d.consecutive_overflows, d.hysteresis_tracker, d.floor_overflows}).cpu();
   const auto count = host.accessor<int64_t, 1>();
-  const bool fused = count[0] > 0, updated = count[3] > 0;
-  if (fused) {
-    skipped_steps_ += count[1];
-    found_inf_last_step_ = count[2] != 0;
-  }
-  if (fused || updated) consecutive_overflows_ = count[4];
-  if (updated) {
-    hysteresis_tracker_ = count[5];
-    min_scale_overflows_ = count[6];
-  }
-  if (!fused && !updated) return;  // nothing on the device since the last fold: the host counts are current
-  d.fused_steps.zero_();
-  d.skipped_steps.zero_();
+  if (count[0] == 0) return;  // no update on the device since the last fold: the host counts are current
+  consecutive_overflows_ = count[1];
+  hysteresis_tracker_ = count[2];
+  min_scale_overflows_ = count[3];
   d.device_updates.zero_();
-}
-
-bool GradScaler::found_inf_last_step() const {
-  fold_on_device_counts();
-  return found_inf_last_step_;
-}
-
-int64_t GradScaler::skipped_steps() const {
-  fold_on_device_counts();
-  return skipped_steps_;
 }
 
 int64_t GradScaler::consecutive_overflows() const {

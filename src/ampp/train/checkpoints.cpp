@@ -1,5 +1,6 @@
 #include "checkpoints.h"
 #include "divergence.h"
+#include "set_lr.h"
 
 namespace ampp::train::detail {
 
@@ -55,6 +56,7 @@ class GatheredForCheckpoint {
 
 // Running sums become global totals held by rank 0, so any world size resumes them exactly.
 void save(Run& run, int64_t epoch, int64_t batch) {
+  set_lr(run.optimizer, run.lr->last_lr());   // a fused optimizer's groups hold no lr of their own: the last step's
   const GatheredForCheckpoint gathered(run);  // before the check, which reads the whole weights
   if (!check_finite_weights(run)) return;     // a diagnosis run goes on; the last checkpoint stays
   const EpochSums totals = global_totals(run.workers.pg, run.sums);

@@ -78,7 +78,7 @@ StepResult read_steps(Run& run, const detail::StepTally::Readout& r) {
   run.sums.loss_sum += r.loss_sum;
   run.sums.correct += r.correct;
   run.sums.seen += r.seen;
-  run.position.skipped_total += r.skipped;
+  run.position.skipped_total = r.skipped_total;  // the skip ledger's (Note [the skip ledger])
   StepResult step;
   step.loss = r.last_loss;
   step.stepped = r.consecutive_skips == 0;

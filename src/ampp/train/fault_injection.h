@@ -1,9 +1,10 @@
 #pragma once
 // The seam through which a test binary changes a run: the recovery, stall and chaos tests (tests/train,
-// scripts/chaos.py) and the CPU tests of a GPU run's path. The shipped `ampp` fills none: faults come only
-// from a source that a test binary registers (tests/train's `ampp-faults`, which reads them from the
-// environment: fault_injection_env.cpp there). Nothing in a file or the environment can reach them in the
-// shipped library or CLI. What a fault does (a signal, a half-written file) is the test's own code, called
+// scripts/chaos.py) and a GPU test's proof that a step reads nothing. It changes no choice of the product's:
+// the CPU runs a GPU run's path through real options (--host-reads log-points, --fused-optimizer, --prefetch). The
+// shipped `ampp` fills none: faults come only from a source that a test binary registers (tests/train's `ampp-faults`,
+// which reads them from the environment: fault_injection_env.cpp there). Nothing in a file or the environment can reach
+// them in the shipped library or CLI. What a fault does (a signal, a half-written file) is the test's own code, called
 // at two points of the run; the library only calls it. Each field is off when empty.
 #include <cstdint>
 #include <functional>
@@ -22,11 +23,7 @@ struct FaultInjection {
                      const std::function<std::string()>& bytes)>
       before_save;
   std::set<int64_t> inf_steps;  // this rank's loss is made inf at these steps
-  // TrainOptions::cuda_graphs on the CPU: its step path, run eagerly, with the host reading the steps'
-  // results only where a GPU run reads them (every log_every steps), not after every step.
-  bool uncaptured_graph_step = false;
-  bool error_on_sync = false;    // a GPU test: each step under c10's sync debug mode, set to error
-  bool prefetch_on_cpu = false;  // TrainOptions::prefetch_batches's loader thread on the CPU too
+  bool error_on_sync = false;   // a GPU test: each step under c10's sync debug mode, set to error
 };
 
 using FaultSource = FaultInjection (*)(int rank, int world, bool restarted);

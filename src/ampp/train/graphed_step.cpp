@@ -9,15 +9,13 @@ bool GraphedTrainStep::fits_graph(const torch::Tensor& data, const torch::Tensor
          data.scalar_type() == inputs[0].scalar_type() && target.scalar_type() == inputs[1].scalar_type();
 }
 
-void GraphedTrainStep::step(const torch::Tensor& data, const torch::Tensor& target, double lr) {
-  if (graph_ && graph_lr_ != lr) graph_.reset();  // the graph holds the lr it was captured with
+void GraphedTrainStep::step(const torch::Tensor& data, const torch::Tensor& target) {
   if (!graph_) {
     std::vector<torch::Tensor> inputs{torch::empty_like(data), torch::empty_like(target)};
     graph_ = std::make_unique<CudaGraphStep>(inputs, [this, inputs] {
       step_(inputs[0], inputs[1]);
       return inputs[0];  // the trainer reads its results from its StepTally, not from the graph's output
     });
-    graph_lr_ = lr;
   }
   if (fits_graph(data, target))
     (*graph_)({data, target});

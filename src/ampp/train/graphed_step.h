@@ -3,8 +3,8 @@
 //
 // The step is the eager trainer's own (trainer.cpp's train_step and the StepTally it adds to): it reads
 // nothing on the host, so ampp::CudaGraphStep captures it after its warm-up steps and replays it. A batch
-// of another shape (an epoch's short last batch) runs eagerly, and a new learning rate captures anew (a
-// graph keeps the lr it was captured with).
+// of another shape (an epoch's short last batch) runs eagerly. The lr is a tensor the step looks up
+// (step_lr.h), so one capture serves every lr.
 #include <ampp/scaling/cuda_graph_step.h>
 
 #include <torch/types.h>
@@ -21,8 +21,8 @@ class GraphedTrainStep {
 
   explicit GraphedTrainStep(StepFunction step) : step_(std::move(step)) {}
 
-  // The step on this batch at learning rate `lr` (which the caller has set in the optimizer).
-  void step(const torch::Tensor& data, const torch::Tensor& target, double lr);
+  // The step on this batch.
+  void step(const torch::Tensor& data, const torch::Tensor& target);
   bool captured() const { return graph_ && graph_->captured(); }
 
  private:
@@ -30,7 +30,6 @@ class GraphedTrainStep {
 
   StepFunction step_;
   std::unique_ptr<CudaGraphStep> graph_;
-  double graph_lr_ = 0;  // the lr the graph was built with
 };
 
 }  // namespace ampp::train::detail

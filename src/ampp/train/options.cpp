@@ -124,13 +124,16 @@ void validate_fsdp(const TrainOptions& o) {
 void validate_cuda_graphs(const TrainOptions& o) {
   if (!o.cuda_graphs()) return;
   const auto no = [](const char* what) { return std::string("TrainOptions::cuda_graphs: ") + what + " (docs/gpu.md)"; };
-  TORCH_CHECK(o.device() != "cpu" || detail::faults_for(0, 1, false).uncaptured_graph_step,
-              no("CUDA graphs need a GPU; use --device cuda, or drop --cuda-graphs"));
   TORCH_CHECK(!o.doctor() && !o.profile(), no("--doctor and --profile read every step on the host; drop them"));
   TORCH_CHECK(
       o.fused_optimizer().value_or(true),
       no("the step needs ampp's fused optimizer (FusedSGD, FusedAdamW), which keeps the skip decision on the GPU; "
          "drop --no-fused-optimizer"));
+  // Last, so that the CPU tests see the refusals above. The step a graph captures runs on the CPU eagerly with
+  // --host-reads log-points.
+  TORCH_CHECK(o.device() != "cpu", no("CUDA graphs need a GPU; use --device cuda, or drop --cuda-graphs (the CPU "
+                                      "runs the same step eagerly, reading as a GPU run reads, with --host-reads "
+                                      "log-points)"));
 }
 
 void validate_run_and_outputs(const TrainOptions& o) {
@@ -174,6 +177,8 @@ HostReads parse_host_reads(const std::string& text) {
 }
 
 bool uses_fused_optimizer(const TrainOptions& o, bool gpu_step) { return o.fused_optimizer().value_or(gpu_step); }
+
+bool uses_loader_thread(const TrainOptions& o, bool gpu_step) { return o.prefetch_batches().value_or(gpu_step); }
 
 bool reads_every_step(const TrainOptions& o, bool gpu_step) {
   if (o.doctor()) return true;  // it inspects every step

@@ -11,8 +11,7 @@ void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per
   r.skipped = !step.stepped;
   r.overflowed = step.overflowed;
   r.skipped_total = run.position.skipped_total;
-  // Under --cuda-graphs with the cosine, the lr the device looked up (the host's lags a skip until a read).
-  r.lr = run.device_lr && run.device_lr->started() ? run.device_lr->last_lr() : current_lr(run.optimizer);
+  r.lr = run.lr->last_lr();  // the last step's (Note [the step's lr], step_lr.h)
   r.images_per_sec = images_per_sec;
   r.elapsed = run.elapsed();
   run.metrics->write(r);

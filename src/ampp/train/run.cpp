@@ -30,6 +30,10 @@ Run::Run(const TrainOptions& options, Workers workers_in)
               o.grad_accum() * workers.world);
   data_placement = place_data(data, device);
   cosine_steps = cosine_steps_of(o, static_cast<int64_t>(sampler.size()) / per_rank_batch);
+  const int64_t last_step = o.warmup_steps() + (o.lr_schedule() == LrSchedule::kCosine ? cosine_steps : 0);
+  const bool float_lr = device.is_cuda() && dynamic_cast<GradScaleAwareOptimizer*>(&optimizer) != nullptr;
+  lr.emplace([this](int64_t epoch, int64_t taken) { return scheduled_lr(o, epoch, taken, cosine_steps); }, last_step,
+             device, float_lr);
   if (fsdp) amp.set_found_inf_reducer(fsdp->found_inf_hook());  // each rank unscales only its shards
   if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark() && !o.deterministic());
 }
@@ -226,17 +230,7 @@ std::string precision_label(const TrainOptions& o, const Amp& amp, const torch::
                      fp8_label(o, model));
 }
 
-double current_lr(torch::optim::Optimizer& opt) { return opt.param_groups().front().options().get_lr(); }
-
-// Note [the step's lr]
-// ~~~~~~~~~~~~~~~~~~~~~
-// Every step's lr is scheduled_lr() below, of the epoch and the optimizer steps taken: the one formula.
-// Where the host knows the steps taken before each step (it reads every step, or the warmup, which it
-// reads step by step), run_step() sets that double on the optimizer's groups. Where it does not (a GPU's
-// cosine), DeviceLrSchedule holds this function's values in a table on the device and looks one up at the
-// count of steps taken it keeps there from the skip flag (Note [one skip flag], train_step.cpp); a fused
-// optimizer reads that tensor, and the graphed step replays the same lookup. What is reported (metrics,
-// summary) is the lr the step used: the table's last value there, the optimizer's double elsewhere.
+// See Note [the step's lr] (step_lr.h): StepLr looks this function's values up at each step.
 //
 // The learning rate of a step in `epoch` after `steps_taken` optimizer steps (skipped ones excluded).
 // A function of the two counts, both in the checkpoint, so a resumed run gets the same schedule bit

@@ -56,11 +56,11 @@
 #include <numeric>
 #include <optional>
 #include "buffer_guard.h"
-#include "device_lr.h"
 #include "doctor.h"
 #include "fault_injection.h"
 #include "graphed_step.h"
 #include "report_json.h"
+#include "step_lr.h"
 #include "step_tally.h"
 
 namespace ampp::train::detail {
@@ -189,28 +189,26 @@ struct Run {
   // FSDP: the unsharded optimizer (SGD or AdamW, as the run's), while a checkpoint is written.
   std::unique_ptr<torch::optim::Optimizer> fsdp_optimizer;
   std::unique_ptr<detail::GraphedTrainStep> graphed;  // TrainOptions::cuda_graphs, else null
-  // The cosine schedule where the host reads the steps' results only at log points (a GPU, a graph): each
-  // step's lr looked up on the device at the steps taken, counted there (started after the warmup, whose steps
-  // the host reads one by one).
-  std::optional<detail::DeviceLrSchedule> device_lr;
+  // Each step's lr, looked up at the skip ledger's steps taken: Note [the step's lr] (step_lr.h).
+  std::optional<detail::StepLr> lr;
   detail::StepTally tally{o.max_consecutive_skips(), o.log_every()};  // the steps' results until a read
   // Note [what the host reads]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // A step's results (loss, correct predictions, the skip flag: StepTally) stay on the device until the host
-  // reads them, and on a GPU each read waits for the GPU. The one policy, decided here and in
-  // reads_after_step() (trainer.cpp):
-  //   - every step where a read costs nothing (the CPU) or the doctor inspects every step (this flag), and
-  //     while the lr warms up (the warmup counts the steps taken, skips excluded, on the host);
+  // reads them, and on a GPU each read waits for the GPU. The one policy, decided here and applied in
+  // train_batches() (trainer.cpp):
+  //   - every step where a read costs nothing (the CPU) or the doctor inspects every step (this flag);
   //   - otherwise at log points, epoch ends and checkpoints only.
   // Nothing else in a step reads, except these, each one read per step and each citing this note:
-  //   - the skip flag and the cosine lr with a plain optimizer (--no-fused-optimizer): step_optimizer()
-  //     (train_step.cpp), DeviceLrSchedule::apply(); ZeroRedundancyOptimizer with a plain local optimizer;
+  //   - the skip flag and the lr with a plain optimizer (--no-fused-optimizer): Amp::step's skip on the host,
+  //     StepLr::apply(); ZeroRedundancyOptimizer with a plain local optimizer.
+  //     The warmup and every schedule need no read: the lr is looked up at the skip ledger's steps taken
+  //     on the device (Note [the step's lr], step_lr.h);
   //   - FSDP over Gloo (its found-inf reduction stages CUDA tensors through the host);
   //   - SyncBatchNorm's check of the global count, on the CPU only (sync_batch_norm.cpp);
   //   - the doctor (--doctor): the loss and the skip flag, for its report.
   // TrainOptions::host_reads sets it (reads_every_step() in options.cpp): --host-reads log-points lets the CPU
-  // read as a GPU run does, and the CPU tests of the graphed path (the fault uncaptured_graph_step) do so
-  // too. Set once the faults are known (train()).
+  // read as a GPU run does, which is how the CPU tests run the step a GPU captures.
   bool reads_every_step = true;
   std::vector<std::string> step_overflowed;  // where reads_every_step: the last step's inf/NaN gradients
   torch::Tensor inf_factor;  // a test's inf injection (FaultInjection::inf_steps): 1 or +inf, on the device
@@ -284,8 +282,6 @@ std::string fingerprint(const TrainOptions& o, int world, int64_t cosine_steps, 
 bool same_run(const std::string& saved, const TrainOptions& o, int world, int64_t cosine_steps);
 
 std::string precision_label(const TrainOptions& o, const Amp& amp, const torch::nn::Module& model);
-
-double current_lr(torch::optim::Optimizer& opt);
 
 // The learning rate of a step in `epoch` after `steps_taken` optimizer steps (skipped ones excluded).
 // A function of the two counts, both in the checkpoint, so a resumed run gets the same schedule bit

@@ -3,6 +3,16 @@
 
 namespace ampp::train::detail {
 
+namespace {
+
+// The ledger's count of skipped steps where the tally is, float64 (0 before the ledger's first step).
+torch::Tensor ledger_skipped(const SkipLedger& ledger, const torch::TensorOptions& on) {
+  return ledger.skipped_count().defined() ? ledger.skipped_count().to(on.device(), torch::kDouble)
+                                          : torch::zeros({}, on.dtype(torch::kDouble));
+}
+
+}  // namespace
+
 StepTally::StepTally(int64_t max_consecutive_skips, int64_t steps_between_reads)
     : rules_(max_consecutive_skips), ring_size_(std::max<int64_t>(1, steps_between_reads)) {}
 
@@ -29,23 +39,28 @@ void StepTally::add_on_device(const Step& step, const torch::Tensor& target) {
   cursor_.add_(1).remainder_(ring_size_);
 }
 
-StepTally::Readout StepTally::read() {
+StepTally::Readout StepTally::read(const SkipLedger& ledger) {
   Readout r;
   r.steps = steps_;
-  if (!loss_sum_.defined()) return r;
+  if (!loss_sum_.defined()) {
+    r.skipped_total = ledger.skipped();
+    return r;
+  }
   const int64_t fresh = steps_ - steps_read_;
   TORCH_INTERNAL_ASSERT(fresh <= ring_size_, "StepTally: ", fresh, " steps since the last read, more than the ring's ",
                         ring_size_);
   const torch::Tensor host =  // one synchronisation for all of it
-      torch::cat({torch::stack({loss_sum_, correct_.to(torch::kDouble), last_loss_.to(torch::kDouble)}),
+      torch::cat({torch::stack({loss_sum_, correct_.to(torch::kDouble), last_loss_.to(torch::kDouble),
+                                ledger_skipped(ledger, loss_sum_.options())}),
                   skip_ring_.to(torch::kDouble)})
           .cpu();
   const auto v = host.accessor<double, 1>();
   r.loss_sum = v[0];
   r.correct = v[1];
   r.last_loss = v[2];
+  r.skipped_total = static_cast<int64_t>(v[3]);     // exact: a count below 2^53
   for (int64_t k = steps_read_; k < steps_; ++k) {  // in order: the ring's slot of step k is k mod its size
-    const bool skipped = v[3 + k % ring_size_] != 0;
+    const bool skipped = v[4 + k % ring_size_] != 0;
     r.skipped += skipped ? 1 : 0;
     rules_.add(skipped);
   }

@@ -7,6 +7,8 @@
 // skip flags since the last one, in order, to the divergence rules (skip_rules.h), on the host.
 #include "skip_rules.h"
 
+#include <ampp/scaling/skip_ledger.h>
+
 #include <torch/torch.h>
 
 #include <optional>
@@ -24,7 +26,7 @@ class StepTally {
   // One step's results, on the device.
   struct Step {
     torch::Tensor logits, loss;  // detached
-    torch::Tensor skipped;       // float32 0-dim, non-zero: the optimizer's step was skipped (inf/NaN)
+    torch::Tensor skipped;       // the skip ledger's flag: float32 0-dim, non-zero: the step was skipped
   };
 
   // What the steps since the last read added up, and where the skips stand (host values).
@@ -34,6 +36,7 @@ class StepTally {
     double seen = 0;
     double last_loss = 0;
     int64_t skipped = 0;                          // steps skipped since the last read
+    int64_t skipped_total = 0;                    // the skip ledger's count of skipped steps
     int64_t consecutive_skips = 0;                // of the last steps, in a row (0: the last one stepped)
     int64_t steps = 0;                            // added since the start
     std::optional<SkipRules::Break> first_break;  // the first step that broke a divergence rule
@@ -55,8 +58,9 @@ class StepTally {
     seen_ += static_cast<double>(targets);
     ++steps_;
   }
-  // Reads what was added since the last read (and restarts those sums): a host synchronisation.
-  Readout read();
+  // Reads what was added since the last read (and restarts those sums), with `ledger`'s count of skipped
+  // steps: one host synchronisation for both.
+  Readout read(const SkipLedger& ledger);
 
  private:
   SkipRules rules_;

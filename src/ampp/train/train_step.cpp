@@ -3,7 +3,6 @@
 #include <c10/util/ScopeExit.h>
 
 #include "clip_grad_norm.h"
-#include "set_lr.h"
 
 namespace ampp::train::detail {
 
@@ -99,31 +98,18 @@ void clip_gradients(Run& run) {
     clip_grad_norm_on_device(run.amp.master_params(), *run.o.clip_grad_norm());
 }
 
-// Note [one skip flag]
-// ~~~~~~~~~~~~~~~~~~~~~
-// A step is skipped when its unscaled gradients hold an inf or a NaN. The trainer decides it once per step,
-// on the device: Amp's loss scaler where the run scales its loss (Amp::step, GradScaler's found-inf), else
-// unscaled_gradients_non_finite() above. step_optimizer() returns that one flag, `skipped` (float32, 0-dim,
-// non-zero: skipped), and everything the trainer knows of skips comes from it: StepTally's ring (the host's
-// view at a read, the divergence rules, RunPosition::skipped_total and so the checkpoints) and
-// DeviceLrSchedule::count (the cosine's steps taken). Amp's and GradScaler's own counters serve their public
-// API (a loop of one's own has no trainer); the trainer reads none of them.
-//
-// The optimizer's step, skipped where the gradients are not finite; returns the skip flag, on the device.
-// Amp decides with its loss scaler; without one, `non_finite` (above) does. A fused optimizer skips by
-// itself on the device; another one needs the flag on the host: see Note [what the host reads] (run.h).
+// The optimizer's step, skipped where the gradients are not finite, decided once and recorded in Amp's skip
+// ledger (Note [the skip ledger], skip_ledger.h): by Amp's loss scaler where the run scales its loss, else
+// by `non_finite` (above). Returns the ledger's flag (float32, 0-dim, on the device, non-zero: skipped); the
+// trainer's tally, the lr's position (StepLr) and the checkpoints read the ledger and count nothing
+// themselves. A fused optimizer skips by itself on the device; another needs the flag on the host: see
+// Note [what the host reads] (run.h).
 torch::Tensor step_optimizer(Run& run, const torch::Tensor& non_finite) {
-  if (!non_finite.defined()) {
+  if (non_finite.defined())
+    run.amp.step_unless(non_finite);
+  else
     run.amp.step();
-    return run.amp.last_step_skipped();
-  }
-  if (auto* fused = dynamic_cast<GradScaleAwareOptimizer*>(&run.optimizer)) {
-    fused->set_grad_scaling(torch::Tensor(), non_finite);
-    run.amp.step();
-  } else if (non_finite.item<float>() == 0.0F) {
-    run.amp.step();
-  }
-  return non_finite;
+  return run.amp.ledger().skipped_flag();
 }
 
 // The last backward's wait for its buckets' allreduce, after autograd finished (reducer.h).
@@ -215,9 +201,8 @@ detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const to
   const torch::Tensor non_finite = amp.checks_overflow() ? torch::Tensor() : unscaled_gradients_non_finite(run);
   run.step_overflowed = overflowed_before_step(run, non_finite);
   clip_gradients(run);  // a skipped step's clipped gradients are never used
-  if (run.device_lr && run.device_lr->started()) run.device_lr->apply(run.optimizer);
+  run.lr->apply(run.optimizer, run.amp.ledger().taken_on(run.device));
   const torch::Tensor skipped = step_optimizer(run, non_finite);
-  if (run.device_lr && run.device_lr->started()) run.device_lr->count(skipped);
   run.buffer_guard.restore_where_non_finite();  // also after a taken step: x*x can overflow while x did not
   if (run.ranges && run.first_non_finite.is_null() && skipped.defined() && skipped.item<float>() != 0.0F)
     locate_first_non_finite(run, Batch{data, target}, scaled->scale());
@@ -239,22 +224,17 @@ void set_inf_injection(Run& run) {
 
 }  // namespace
 
-// The step, eager or replayed from a CUDA graph (TrainOptions::cuda_graphs), added to the run's tally.
-// The lr warm-up changes the lr every step, which a graph would have to capture anew each time: its steps
-// run eagerly, and the graph is captured after it. The cosine after it is looked up on the device
-// (Run::device_lr), counted from the host's exact count at the warmup's end (read after every warmup step).
-void run_step(Run& run, const Batch& batch, double lr) {
+// The step, eager or replayed from a CUDA graph (TrainOptions::cuda_graphs), added to the run's tally. Its lr
+// is looked up at the steps taken on the device (Note [the step's lr], step_lr.h), so one capture serves the
+// whole schedule, warmup and skips included.
+void run_step(Run& run, const Batch& batch) {
   set_inf_injection(run);
-  detail::set_lr(run.optimizer, lr);
-  const bool after_warmup = steps_taken(run.position) >= run.o.warmup_steps();
-  if (run.device_lr && after_warmup && !run.device_lr->started()) run.device_lr->start(steps_taken(run.position));
   std::optional<ErrorOnCudaSync> no_sync;  // a GPU test's proof that the step reads nothing on the host
   if (run.faults.error_on_sync) no_sync.emplace();
-  if (run.graphed && after_warmup) {
+  if (run.graphed) {
     run.clock.pause(true);  // the captured laps would be events inside the graph: the replay is one interval
     const auto resume_clock = c10::make_scope_exit([&run] { run.clock.pause(false); });
-    // With the lr on the device the graph holds no lr of its own: one capture for the whole cosine.
-    run.graphed->step(batch.data, batch.target, run.device_lr ? *run.o.lr() : lr);
+    run.graphed->step(batch.data, batch.target);
     run.tally.count(batch.target.numel());  // a replay does no host work of its own
   } else {
     run.tally.add(train_step(run, batch.data, batch.target), batch.target);
@@ -262,13 +242,12 @@ void run_step(Run& run, const Batch& batch, double lr) {
 }
 
 // The graphed step: the eager step itself (train_step, added to the run's tally), captured. One worker
-// only: DDP's collectives are not captured. On the CPU (the tests' uncaptured_graph_step) none: the
-// eager step is the path a GPU captures, and the host reads as on a GPU (Run::reads_every_step).
+// only: DDP's collectives are not captured. The CPU runs the same step eagerly with --host-reads log-points,
+// reading as a GPU run reads.
 std::unique_ptr<detail::GraphedTrainStep> make_graphed_step(Run& run) {
   TORCH_CHECK(run.workers.world == 1,
               "TrainOptions::cuda_graphs: one worker only for now (DDP's collectives are "
               "not captured); use --nproc 1, or drop --cuda-graphs (docs/gpu.md)");
-  if (run.faults.uncaptured_graph_step) return nullptr;
   return std::make_unique<detail::GraphedTrainStep>([&run](const torch::Tensor& data, const torch::Tensor& target) {
     run.tally.add_on_device(train_step(run, data, target), target);
   });

@@ -7,7 +7,6 @@
 #include "process_settings.h"
 #include "resume.h"
 #include "run.h"
-#include "set_lr.h"
 #include "train_step.h"
 #include "workers.h"
 
@@ -49,11 +48,10 @@ BatchIterator epoch_batches(Run& run, int64_t epoch) {
 // How the epoch's batches reach the step: on a GPU prepared one ahead by a loader thread (TrainOptions::
 // prefetch_batches) and copied on a side stream, from pinned memory (TrainOptions::pinned_batches). On the
 // CPU a batch is one gather, about 1% of a step (docs/gpu.md), and a loader thread there would compete with
-// the step's threads for the cores, so the test faults alone turn it on there.
+// the step's threads for the cores: only --prefetch turns it on there.
 PrefetchOptions batch_loading(const Run& run) {
   const bool on_host = run.data.train.images.device().is_cpu();  // on the GPU, a batch is one gather there
-  const bool loader_thread =
-      run.o.prefetch_batches() && on_host && (run.device.is_cuda() || run.faults.prefetch_on_cpu);
+  const bool loader_thread = uses_loader_thread(run.o, run.device.is_cuda()) && on_host;
   return PrefetchOptions(run.device).pinned(run.o.pinned_batches()).background(loader_thread);
 }
 
@@ -72,18 +70,10 @@ void record_operators(Run& run, bool epoch_ended) {
   }
 }
 
-// Whether the host reads the steps' results after this one: where a read costs nothing (the CPU) or the
-// doctor inspects every step (Run::reads_every_step), and while the lr warms up, since its schedule counts
-// the steps taken (skips excluded). On a GPU otherwise only at log points: a read waits for the GPU.
-// See Note [what the host reads] (run.h).
-bool reads_after_step(const Run& run) {
-  return run.reads_every_step || steps_taken(run.position) < run.o.warmup_steps();
-}
-
 // The epoch's steps, until its end or TrainOptions::steps; checkpoints every checkpoint_every steps
 // and where the step limit stops it mid-epoch. The host reads the device's tally (StepTally) only every
-// log_every steps, at the epoch's end, at the step limit and before a checkpoint (or every step where
-// reads_after_step says).
+// log_every steps, at the epoch's end, at the step limit and before a checkpoint, or every step where a read
+// costs nothing: Note [what the host reads] (run.h).
 void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBar* bar) {
   const auto& o = run.o;
   const int64_t images_per_step = run.per_rank_batch * run.workers.world;
@@ -92,16 +82,15 @@ void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBa
   while (const auto next = batches.next()) {
     record_operators(run, false);
     run.clock.lap(StepPhase::kData);
-    const bool reads = reads_after_step(run);  // the position before the step decides
-    run_step(run, *next, scheduled_lr(o, epoch, steps_taken(run.position), run.cosine_steps));
+    run_step(run, *next);
     count_step(run);
     dist::report_progress(run.position.global_step);
     ++meter.steps;
     const bool epoch_end = batches.position() == batches.num_batches(), stop = reached_step_limit(run);
     const bool saves = saves_mid_epoch(run, epoch_end, stop);
     const bool logged = run.position.global_step % o.log_every() == 0 || epoch_end;
-    if (reads || logged || stop || saves) {
-      const auto readout = run.tally.read();
+    if (run.reads_every_step || logged || stop || saves) {
+      const auto readout = run.tally.read(run.amp.ledger());
       run.clock.settle();  // the host waited for the GPU above: the device clock's laps are done
       run.steady.mark(readout.steps);
       const StepResult step = read_steps(run, readout);
@@ -130,9 +119,8 @@ struct EpochStart {
   int64_t global_step = 0;
 };
 
-// A finished epoch: the next epoch's lr, the epoch record and progress line, the epoch-end checkpoint.
+// A finished epoch: the epoch record and progress line, the epoch-end checkpoint.
 void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStart& start, ProgressBar* bar) {
-  detail::set_lr(run.optimizer, scheduled_lr(run.o, epoch + 1, steps_taken(run.position), run.cosine_steps));
   run.epochs_done = epoch + 1;
   const double seconds = std::chrono::duration<double>(Clock::now() - start.time).count();
   const double train_accuracy = 100.0 * totals.correct / std::max(totals.seen, 1.0);
@@ -149,7 +137,7 @@ void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStar
                        std::max(seconds, 1e-9);
     r.skipped_total = run.position.skipped_total;
     r.loss_scale = run.loss_scale();
-    r.lr = current_lr(run.optimizer);
+    r.lr = run.lr->last_lr();  // its last step's
     run.metrics->write(r);
     if (run.tensorboard) log_to_tensorboard(*run.tensorboard, r);
   }
@@ -168,6 +156,7 @@ void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStar
 // there holds the position).
 bool run_epoch(Run& run, int64_t epoch, bool tty) {
   BatchIterator indexed = epoch_batches(run, epoch);
+  run.lr->start_epoch(epoch);
   std::optional<ProgressBar> bar;
   if (run.workers.leader() && run.o.progress()) bar.emplace(epoch, run.o.epochs(), indexed.num_batches(), tty);
   const EpochStart start{Clock::now(), run.position.global_step};
@@ -205,6 +194,9 @@ Summary train(const TrainOptions& unresolved) {
   resume(run);
   resume_from_pytorch(run);
   if (run.resumed && nothing_left(run)) return finish_finished_run(run);
+  // The skip ledger goes on from the checkpoint's counts, on the device: the lr's position (step_lr.h).
+  run.amp.ledger().restore(steps_taken(run.position), run.position.skipped_total);
+  run.amp.ledger().taken_on(run.device);
   // DDP after the resume, so its construction broadcast starts every rank from the loaded weights.
   if (run.workers.world > 1 && !run.fsdp) start_ddp(run);
   run.started = Clock::now();
@@ -214,13 +206,8 @@ Summary train(const TrainOptions& unresolved) {
   if (options.doctor() && options.fp8() && run.workers.leader()) run.fp8_ranges.emplace();
   if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
-  run.reads_every_step = reads_every_step(options, run.device.is_cuda() || run.faults.uncaptured_graph_step);
+  run.reads_every_step = reads_every_step(options, run.device.is_cuda());
   if (run.device.is_cuda()) run.clock.use_device(run.device);  // the GPU's time per phase, not the launches'
-  // The host knows a skip only at its next read: where it reads rarely, the cosine's position is counted on
-  // the device (a graph replays it too).
-  if (options.lr_schedule() == LrSchedule::kCosine && !run.reads_every_step)
-    run.device_lr.emplace([&run](int64_t k) { return scheduled_lr(run.o, 1, k, run.cosine_steps); },
-                          options.warmup_steps() + run.cosine_steps, run.device);
   if (options.cuda_graphs()) {
     run.graphed = make_graphed_step(run);
     run.say("CUDA graphs: each step is one graph replay");

@@ -117,11 +117,11 @@ void start_ddp(Run& run) {
   if (run.device.is_cuda()) {
     run.device_group = gpu_gradient_group(run);
     run.ddp.emplace(run.model, *run.device_group, options);
-    // SyncBatchNorm's statistics travel as DDP's gradients do (NCCL where each worker has its GPU). ZeRO's
-    // group was set where the optimizer was made, before this one existed: the run's own.
+    // SyncBatchNorm's statistics and ZeRO's updated parameters travel as DDP's gradients do (NCCL where each
+    // worker has its GPU). ZeRO's checkpoint gathers (bytes) stay on the run's own group.
     for (const auto& module : run.model->modules())
       if (auto* bn = dynamic_cast<dist::SyncBatchNormImpl*>(module.get())) bn->options.process_group(*run.device_group);
-    if (run.o.zero()) run.communication += "; ZeRO broadcasts through the run's Gloo group (CUDA tensors via the host)";
+    if (auto* zero = run.zero()) zero->set_broadcast_group(*run.device_group);
     return;
   }
   run.ddp.emplace(run.model, run.workers.pg, options);
