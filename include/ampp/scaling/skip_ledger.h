@@ -15,6 +15,10 @@ namespace ampp {
 /// else about skips is read from the ledger and derived from nothing else: the last step's flag, how many
 /// steps were skipped, and how many were taken (an lr schedule's position).
 ///
+/// Before the decision there is only a check's result: GradScaler's `found_inf` (PyTorch's name), which
+/// Amp sums over a step's backwards as its pending flag. The decision, once made, is `skipped`, and only the
+/// ledger holds it.
+///
 /// The ledger lives where the decision is made. A fused optimizer decides on the device, and recording
 /// its flag is three tensor operations there: no host read, so a CUDA graph captures it and every replay
 /// records. The host counts only the steps themselves; the flag and the counts are read on the host when

@@ -72,7 +72,7 @@ void save(Run& run, int64_t epoch, int64_t batch) {
   now.skipped_total = run.position.skipped_total;
   now.elapsed = run.elapsed();
   now.epoch_sums = run.sums;
-  now.last_train_loss = run.last_train_loss;
+  now.last_train_loss = run.report.last_train_loss;
   ++run.saves;
   if (run.faults.before_save)  // tests only (fault_injection.h)
     run.faults.before_save(run.saves, now.global_step, temporary_path_for(run.checkpoint),

@@ -37,14 +37,15 @@ std::string divergence_hint(const Run& run) {
 // rank reaches the same decision at the same step (global overflow flag, averaged gradients, the
 // same weights), so every rank stops alike.
 [[noreturn]] void stop_diverged(Run& run, const std::string& what) {
-  const std::string loss =
-      std::isnan(run.last_finite_loss)
-          ? std::string("no step of this process had a finite loss")
-          : fmt::format("the last finite loss was {:.6g} at step {}", run.last_finite_loss, run.last_finite_loss_step);
-  const std::string message = fmt::format("the run diverged: {}; {}; {}. Likely fix: {}. model.pt was not written",
-                                          what, loss, where_it_overflowed(run.last_overflowed), divergence_hint(run));
-  if (run.metrics)
-    run.metrics->write_line(
+  const std::string loss = std::isnan(run.report.last_finite_loss)
+                               ? std::string("no step of this process had a finite loss")
+                               : fmt::format("the last finite loss was {:.6g} at step {}", run.report.last_finite_loss,
+                                             run.report.last_finite_loss_step);
+  const std::string message =
+      fmt::format("the run diverged: {}; {}; {}. Likely fix: {}. model.pt was not written", what, loss,
+                  where_it_overflowed(run.report.last_overflowed), divergence_hint(run));
+  if (run.report.metrics)
+    run.report.metrics->write_line(
         {{"type", "error"}, {"cause", "diverged"}, {"step", run.position.global_step}, {"message", message}});
   write_doctor_outputs(run);  // a diverged run is what the doctor is for
   TORCH_CHECK(false, message);
@@ -82,7 +83,7 @@ StepResult read_steps(Run& run, const detail::StepTally::Readout& r) {
   StepResult step;
   step.loss = r.last_loss;
   step.stepped = r.consecutive_skips == 0;
-  if (!step.stepped) step.overflowed = run.step_overflowed;
+  if (!step.stepped) step.overflowed = run.report.step_overflowed;
   return step;
 }
 
@@ -90,10 +91,10 @@ StepResult read_steps(Run& run, const detail::StepTally::Readout& r) {
 // that broke one, also where finite steps followed it before the read, and every rank stops at the same read.
 void check_divergence(Run& run, const StepResult& step, const detail::StepTally::Readout& r) {
   if (std::isfinite(step.loss)) {
-    run.last_finite_loss = step.loss;
-    run.last_finite_loss_step = run.position.global_step;
+    run.report.last_finite_loss = step.loss;
+    run.report.last_finite_loss_step = run.position.global_step;
   }
-  if (!step.stepped) run.last_overflowed = step.overflowed;
+  if (!step.stepped) run.report.last_overflowed = step.overflowed;
   if (!r.first_break) return;
   const int64_t limit = run.o.max_consecutive_skips();
   const auto& broke = *r.first_break;
@@ -122,16 +123,16 @@ bool check_finite_weights(Run& run) {
   std::vector<std::string> names;
   for (const auto& item : run.model->named_parameters())
     if (!torch::isfinite(item.value()).all().item<bool>()) names.push_back(item.key());
-  run.last_overflowed = names;
+  run.report.last_overflowed = names;
   stop_diverged(run, fmt::format("after step {} the weights hold inf/NaN values{}", run.position.global_step,
                                  run.checkpoint.empty() ? "" : " (the last checkpoint keeps the last finite ones)"));
 }
 
 bool check_final_loss(Run& run) {
-  if (std::isfinite(run.last_eval.loss)) return true;
+  if (std::isfinite(run.report.last_eval.loss)) return true;
   if (diagnosis_only(run.o)) return false;
-  stop_diverged(
-      run, fmt::format("after step {} the test loss is not finite ({})", run.position.global_step, run.last_eval.loss));
+  stop_diverged(run, fmt::format("after step {} the test loss is not finite ({})", run.position.global_step,
+                                 run.report.last_eval.loss));
 }
 
 }  // namespace ampp::train::detail

@@ -14,25 +14,26 @@ void log_step(Run& run, int64_t epoch, const StepResult& step, double images_per
   r.lr = run.lr->last_lr();  // the last step's (Note [the step's lr], step_lr.h)
   r.images_per_sec = images_per_sec;
   r.elapsed = run.elapsed();
-  run.metrics->write(r);
-  if (run.tensorboard) {
-    log_to_tensorboard(*run.tensorboard, r);
-    if (run.ranges) log_to_tensorboard(*run.tensorboard, *run.ranges, r.step);
+  run.report.metrics->write(r);
+  if (run.report.tensorboard) {
+    log_to_tensorboard(*run.report.tensorboard, r);
+    if (run.report.ranges) log_to_tensorboard(*run.report.tensorboard, *run.report.ranges, r.step);
   }
 }
 
 // Rank 0 under TrainOptions::doctor: doctor.json, the picture, and the recommendation on the terminal.
 void write_doctor_outputs(const Run& run) {
-  if (!run.ranges) return;
-  for (const auto& line : doctor_summary(*run.ranges)) run.say(line);
-  if (run.fp8_ranges)
-    for (const auto& line : doctor_fp8_summary(*run.fp8_ranges)) run.say(line);
-  if (run.first_non_finite.contains("origin") && !run.first_non_finite["origin"].is_null())
-    run.say(fmt::format("doctor: step {}: {}", run.first_non_finite["step"].get<int64_t>(),
-                        run.first_non_finite["origin"].get<std::string>()));
+  if (!run.report.ranges) return;
+  for (const auto& line : doctor_summary(*run.report.ranges)) run.say(line);
+  if (run.report.fp8_ranges)
+    for (const auto& line : doctor_fp8_summary(*run.report.fp8_ranges)) run.say(line);
+  if (run.report.first_non_finite.contains("origin") && !run.report.first_non_finite["origin"].is_null())
+    run.say(fmt::format("doctor: step {}: {}", run.report.first_non_finite["step"].get<int64_t>(),
+                        run.report.first_non_finite["origin"].get<std::string>()));
   try {
-    const auto fp8 = run.fp8_ranges ? doctor_fp8_json(*run.fp8_ranges) : nlohmann::json();
-    const auto written = write_doctor_report(*run.ranges, run.first_non_finite, fp8, run.o.out(), run.o.plots());
+    const auto fp8 = run.report.fp8_ranges ? doctor_fp8_json(*run.report.fp8_ranges) : nlohmann::json();
+    const auto written =
+        write_doctor_report(*run.report.ranges, run.report.first_non_finite, fp8, run.o.out(), run.o.plots());
     run.say(fmt::format("doctor: {}", fmt::join(written, ", ")));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ampp train: warning: the doctor's report was not written: %s\n", e.what());
@@ -44,8 +45,8 @@ void open_outputs(Run& run) {
     fs::create_directories(run.o.out());
     // summary.json means "complete outputs": an earlier run's must not sit beside this run's partial ones.
     fs::remove(fs::path(run.o.out()) / "summary.json");
-    run.metrics.emplace((fs::path(run.o.out()) / "metrics.jsonl").string(), /*append=*/run.resumed);
-    if (!run.o.tensorboard().empty()) run.tensorboard.emplace(run.o.tensorboard());
+    run.report.metrics.emplace((fs::path(run.o.out()) / "metrics.jsonl").string(), /*append=*/run.resumed);
+    if (!run.o.tensorboard().empty()) run.report.tensorboard.emplace(run.o.tensorboard());
   }
   run.say(fmt::format("ampp train: {} on {}; {}; {} worker(s) x {} {}/batch, {} thread(s) each", run.o.model(),
                       run.data.description, precision_label(run.o, run.amp, *run.model), run.workers.world,
@@ -53,8 +54,8 @@ void open_outputs(Run& run) {
   if (run.data.unigram_loss)
     run.say(fmt::format("ampp train: the validation text's unigram baseline loss is {:.4f} (perplexity {:.2f})",
                         *run.data.unigram_loss, std::exp(*run.data.unigram_loss)));
-  if (!run.data_placement.empty()) run.say(run.data_placement);
-  if (!run.communication.empty()) run.say(run.communication);
+  if (!run.report.data_placement.empty()) run.say(run.report.data_placement);
+  if (!run.report.communication.empty()) run.say(run.report.communication);
   if (run.fsdp)
     run.say(
         fmt::format("FSDP: {} workers each keep 1/{} of the parameters, gradients and momentum; {} unit(s) "
@@ -94,18 +95,19 @@ Summary summarize(const Run& run) {
   s.precision = precision_label(run.o, run.amp, *run.model);
   s.world_size = run.workers.world;
   s.compute = describe_compute_threads();
-  s.epochs = run.epochs_done;
+  s.epochs = run.report.epochs_done;
   s.steps = run.position.global_step;
   s.skipped_steps = run.position.skipped_total;
-  s.test_accuracy = run.last_eval.accuracy;
-  s.test_loss = run.last_eval.loss;
-  s.train_loss = run.last_train_loss;
+  s.test_accuracy = run.report.last_eval.accuracy;
+  s.test_loss = run.report.last_eval.loss;
+  s.train_loss = run.report.last_train_loss;
   s.seconds = run.elapsed();
   const auto images_per_step = static_cast<double>(run.per_rank_batch * run.workers.world);
   s.wall_images_per_sec = s.seconds > 0 ? static_cast<double>(s.steps) * images_per_step / s.seconds : 0;
-  s.steady_steps = run.steady.seconds > 0 ? run.steady.steps : 0;
-  s.images_per_sec = s.steady_steps > 0 ? static_cast<double>(run.steady.steps) * images_per_step / run.steady.seconds
-                                        : s.wall_images_per_sec;
+  s.steady_steps = run.report.steady.seconds > 0 ? run.report.steady.steps : 0;
+  s.images_per_sec = s.steady_steps > 0
+                         ? static_cast<double>(run.report.steady.steps) * images_per_step / run.report.steady.seconds
+                         : s.wall_images_per_sec;
   if (run.data.train.tokens) {
     s.tokens_per_sec = s.images_per_sec * static_cast<double>(run.data.train.images.size(1));
     s.unigram_loss = run.data.unigram_loss;
@@ -119,8 +121,9 @@ Summary summarize(const Run& run) {
 std::vector<StepPhases> gather_step_phases(const Run& run) {
   const auto world = static_cast<int64_t>(run.workers.world), columns = static_cast<int64_t>(kNumStepPhases) + 1;
   auto rows = torch::zeros({world, columns}, torch::kFloat64);
-  for (size_t k = 0; k < kNumStepPhases; ++k) rows[run.workers.rank][static_cast<int64_t>(k)] = run.phases.seconds[k];
-  rows[run.workers.rank][columns - 1] = static_cast<double>(run.phases.steps);
+  for (size_t k = 0; k < kNumStepPhases; ++k)
+    rows[run.workers.rank][static_cast<int64_t>(k)] = run.report.phases.seconds[k];
+  rows[run.workers.rank][columns - 1] = static_cast<double>(run.report.phases.steps);
   allreduce_sum(run.workers.pg, rows);
   std::vector<StepPhases> ranks(static_cast<size_t>(world));
   for (int64_t r = 0; r < world; ++r) {
@@ -139,7 +142,7 @@ void write_outputs(Run& run, const Summary& summary, bool write_model) {
     save_fp32_model(*run.model, run, (out / "model.pt").string());
   else
     run.say("model.pt was not written: the weights or the test loss are not finite (the diagnosis is the result)");
-  run.metrics->write_line(to_json(summary));
+  run.report.metrics->write_line(to_json(summary));
   write_file_atomic((out / "summary.json").string(), to_json(summary).dump(2) + "\n");
   if (run.o.progress()) std::printf("\n%s", summary_table(summary).c_str());
   if (run.o.profile() && !summary.step_phases.empty())
@@ -152,17 +155,17 @@ void write_outputs(Run& run, const Summary& summary, bool write_model) {
   if (run.o.profile() && summary.memory) std::printf("\n%s", memory_table(*summary.memory).c_str());
   if (run.o.plots()) {
     try {
-      const auto pngs = write_plots(run.metrics->path(), run.o.out());
+      const auto pngs = write_plots(run.report.metrics->path(), run.o.out());
       run.say(fmt::format("plots: {}", fmt::join(pngs, ", ")));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ampp train: warning: plots not written: %s\n", e.what());
     }
   }
   write_doctor_outputs(run);
-  run.say(fmt::format("metrics: {}", run.metrics->path()));
-  if (run.tensorboard)
-    run.say(
-        fmt::format("tensorboard: {} (view: tensorboard --logdir {})", run.tensorboard->path(), run.o.tensorboard()));
+  run.say(fmt::format("metrics: {}", run.report.metrics->path()));
+  if (run.report.tensorboard)
+    run.say(fmt::format("tensorboard: {} (view: tensorboard --logdir {})", run.report.tensorboard->path(),
+                        run.o.tensorboard()));
 }
 
 }  // namespace ampp::train::detail

@@ -158,11 +158,11 @@ Summary finish_finished_run(Run& run) {
   auto found = torch::tensor({stored ? 1.0 : 0.0}, torch::kFloat64);
   allreduce_sum(run.workers.pg, found);
   // Every rank computes the final numbers (collectives), as the run's last epoch did.
-  run.epochs_done = run.position.epoch;
+  run.report.epochs_done = run.position.epoch;
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
-  run.last_train_loss =
+  run.report.last_train_loss =
       run.position.batch > 0 ? totals.loss_sum / std::max(totals.seen, 1.0) : run.position.last_train_loss;
-  run.last_eval = evaluate(run);
+  run.report.last_eval = evaluate(run);
   if (found.item<double>() > 0) {
     run.say(fmt::format("the run in {} already finished (epoch {}, step {}): nothing to do; its results are in {}",
                         run.checkpoint, run.position.epoch, run.position.global_step, run.o.out()));

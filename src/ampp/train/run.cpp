@@ -28,7 +28,7 @@ Run::Run(const TrainOptions& options, Workers workers_in)
               " does not divide each worker's batch of ", per_rank_batch, " (batch_size ", o.batch_size(), " over ",
               workers.world, " workers) into equal micro-batches; use a batch size that is a multiple of ",
               o.grad_accum() * workers.world);
-  data_placement = place_data(data, device);
+  report.data_placement = place_data(data, device);
   cosine_steps = cosine_steps_of(o, static_cast<int64_t>(sampler.size()) / per_rank_batch);
   const int64_t last_step = o.warmup_steps() + (o.lr_schedule() == LrSchedule::kCosine ? cosine_steps : 0);
   const bool float_lr = device.is_cuda() && dynamic_cast<GradScaleAwareOptimizer*>(&optimizer) != nullptr;

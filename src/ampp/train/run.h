@@ -118,6 +118,32 @@ struct SteadyRate {
   std::optional<std::pair<int64_t, Clock::time_point>> since_;
 };
 
+// What a run reports, apart from what it trains and what a checkpoint holds: the lines it says, the metrics and
+// the summary's parts, the doctor's findings and the step's phase times. The step writes here; nothing in it
+// decides a step.
+struct RunReport {
+  std::string communication;   // how DDP's workers reduce, said after the run's first line
+  std::string data_placement;  // where the data lives, said there too
+  std::optional<MetricsWriter> metrics;
+  std::optional<TensorBoardWriter> tensorboard;  // rank 0, TrainOptions::tensorboard
+  int64_t epochs_done = 0;
+  double last_train_loss = 0;
+  Evaluation last_eval;
+  // For the divergence message: the last finite loss and where it was.
+  double last_finite_loss = std::numeric_limits<double>::quiet_NaN();
+  int64_t last_finite_loss_step = 0;
+  std::vector<std::string> last_overflowed;       // the parameters of the latest skipped step
+  std::optional<GradientRanges> ranges;           // the numerics doctor's report (TrainOptions::doctor, rank 0)
+  std::optional<Float8RangeRecorder> fp8_ranges;  // its fp8 part (TrainOptions::fp8 too)
+  nlohmann::json first_non_finite;                // the doctor's replay of the first skipped step (null: none yet)
+  StepPhases phases;                              // where this process's step time went
+  PhaseClock clock{phases};
+  std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
+  std::optional<OpProfile> ops;
+  std::vector<std::string> step_overflowed;  // where reads_every_step: the last step's inf/NaN gradients
+  SteadyRate steady;                         // images/s after warm-up, evaluation and checkpoints excluded
+};
+
 // Everything one worker's run holds, built in the order the seeds build it.
 struct Run {
   // `options` with_model_defaults() already (train() resolves them), and outliving the run.
@@ -159,32 +185,14 @@ struct Run {
   // Collectives on the model's device tensors during a step (the delayed fp8 amaxes): DDP's NCCL group where
   // it has one, so they stay on the device; else the run's own group.
   std::optional<dist::ProcessGroup> device_group;
-  std::string communication;   // how DDP's workers reduce, said after the run's first line
-  std::string data_placement;  // where the data lives, said there too
-  std::string checkpoint;      // "" = no checkpoints
-  int64_t cosine_steps = 0;    // LrSchedule::kCosine: optimizer steps from the warmup's end to the floor
-  RunPosition position;        // epoch/batch to start from; elapsed = seconds before this process
-  EpochSums sums;              // the current epoch's running sums (this rank's; global totals on rank 0 after a save)
+  std::string checkpoint;    // "" = no checkpoints
+  int64_t cosine_steps = 0;  // LrSchedule::kCosine: optimizer steps from the warmup's end to the floor
+  RunPosition position;      // epoch/batch to start from; elapsed = seconds before this process
+  EpochSums sums;            // the current epoch's running sums (this rank's; global totals on rank 0 after a save)
   bool resumed = false;
-  std::optional<MetricsWriter> metrics;
-  std::optional<TensorBoardWriter> tensorboard;  // rank 0, TrainOptions::tensorboard
-  Clock::time_point started = Clock::now();      // reset when training starts (after resume and DDP)
-  detail::FaultInjection faults;                 // test binaries only (fault_injection.h); none in ampp
-  int64_t saves = 0;                             // checkpoints written by this process
-  int64_t epochs_done = 0;
-  double last_train_loss = 0;
-  Evaluation last_eval;
-  // For the divergence message: the last finite loss and where it was.
-  double last_finite_loss = std::numeric_limits<double>::quiet_NaN();
-  int64_t last_finite_loss_step = 0;
-  std::vector<std::string> last_overflowed;       // the parameters of the latest skipped step
-  std::optional<GradientRanges> ranges;           // the numerics doctor's report (TrainOptions::doctor, rank 0)
-  std::optional<Float8RangeRecorder> fp8_ranges;  // its fp8 part (TrainOptions::fp8 too)
-  nlohmann::json first_non_finite;                // the doctor's replay of the first skipped step (null: none yet)
-  StepPhases phases;                              // where this process's step time went
-  PhaseClock clock{phases};
-  std::optional<OpRecorder> op_recorder;  // TrainOptions::profile, rank 0: LibTorch's profiler over a window
-  std::optional<OpProfile> ops;
+  Clock::time_point started = Clock::now();     // reset when training starts (after resume and DDP)
+  detail::FaultInjection faults;                // test binaries only (fault_injection.h); none in ampp
+  int64_t saves = 0;                            // checkpoints written by this process
   std::vector<torch::Tensor> gathered_masters;  // ZeRO under O2: every shard's masters, for the checkpoint
   // FSDP: the unsharded optimizer (SGD or AdamW, as the run's), while a checkpoint is written.
   std::unique_ptr<torch::optim::Optimizer> fsdp_optimizer;
@@ -192,6 +200,7 @@ struct Run {
   // Each step's lr, looked up at the skip ledger's steps taken: Note [the step's lr] (step_lr.h).
   std::optional<detail::StepLr> lr;
   detail::StepTally tally{o.max_consecutive_skips(), o.log_every()};  // the steps' results until a read
+  RunReport report;                                                   // what the run reports (above)
   // Note [what the host reads]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // A step's results (loss, correct predictions, the skip flag: StepTally) stay on the device until the host
@@ -210,9 +219,7 @@ struct Run {
   // TrainOptions::host_reads sets it (reads_every_step() in options.cpp): --host-reads log-points lets the CPU
   // read as a GPU run does, which is how the CPU tests run the step a GPU captures.
   bool reads_every_step = true;
-  std::vector<std::string> step_overflowed;  // where reads_every_step: the last step's inf/NaN gradients
   torch::Tensor inf_factor;  // a test's inf injection (FaultInjection::inf_steps): 1 or +inf, on the device
-  SteadyRate steady;         // images/s after warm-up, evaluation and checkpoints excluded
 };
 
 // The host's view of the steps up to a read: the last step's loss, whether it stepped, and where a

@@ -60,11 +60,11 @@ void locate_first_non_finite(Run& run, const Batch& batch, double scale) {
   }
   run.buffer_guard.restore();
   run.amp.zero_grad();
-  run.first_non_finite = {{"step", run.position.global_step + 1}, {"rank", run.workers.rank}};
-  run.first_non_finite["origin"] = origin ? nlohmann::json(origin->describe()) : nlohmann::json(nullptr);
-  run.first_non_finite["module"] = origin ? origin->module : "";
+  run.report.first_non_finite = {{"step", run.position.global_step + 1}, {"rank", run.workers.rank}};
+  run.report.first_non_finite["origin"] = origin ? nlohmann::json(origin->describe()) : nlohmann::json(nullptr);
+  run.report.first_non_finite["module"] = origin ? origin->module : "";
   if (!origin)
-    run.first_non_finite["note"] =
+    run.report.first_non_finite["note"] =
         "rank 0's batch replayed finite: the inf/NaN came from another rank's batch or was injected";
 }
 
@@ -177,9 +177,9 @@ ForwardBackward forward_backward(Run& run, const torch::Tensor& data, const torc
     losses.push_back(loss.detach());
     out.scaled.emplace(run.amp.scale_loss(maybe_inject_inf(run, n == 1 ? loss : loss / static_cast<double>(n)),
                                           ScaleLossOptions().delay_unscale(!last)));
-    run.clock.lap(StepPhase::kForward);
+    run.report.clock.lap(StepPhase::kForward);
     out.scaled->backward();
-    run.clock.lap(StepPhase::kBackward);
+    run.report.clock.lap(StepPhase::kBackward);
   }
   reduce_float8_amaxes(run);
   // One batch (the default) takes no division, copy or mean: the step's kernels as without accumulation.
@@ -193,20 +193,20 @@ ForwardBackward forward_backward(Run& run, const torch::Tensor& data, const torc
 detail::StepTally::Step train_step(Run& run, const torch::Tensor& data, const torch::Tensor& target) {
   Amp& amp = run.amp;
   amp.zero_grad();  // same result as opt.zero_grad(), without the memset and add (amp/amp.h)
-  if (run.fp8_ranges) run.fp8_ranges->set_step(run.position.global_step + 1);
+  if (run.report.fp8_ranges) run.report.fp8_ranges->set_step(run.position.global_step + 1);
   run.buffer_guard.save();
   auto [logits, loss, scaled] = forward_backward(run, data, target);
-  if (run.ddp) run.clock.move(StepPhase::kBackward, StepPhase::kAllreduceWait, allreduce_wait_seconds(*run.ddp));
-  if (run.ranges) run.ranges->observe(named_master_gradients(run), scaled->scale(), loss.item<double>());
+  if (run.ddp) run.report.clock.move(StepPhase::kBackward, StepPhase::kAllreduceWait, allreduce_wait_seconds(*run.ddp));
+  if (run.report.ranges) run.report.ranges->observe(named_master_gradients(run), scaled->scale(), loss.item<double>());
   const torch::Tensor non_finite = amp.checks_overflow() ? torch::Tensor() : unscaled_gradients_non_finite(run);
-  run.step_overflowed = overflowed_before_step(run, non_finite);
+  run.report.step_overflowed = overflowed_before_step(run, non_finite);
   clip_gradients(run);  // a skipped step's clipped gradients are never used
   run.lr->apply(run.optimizer, run.amp.ledger().taken_on(run.device));
   const torch::Tensor skipped = step_optimizer(run, non_finite);
   run.buffer_guard.restore_where_non_finite();  // also after a taken step: x*x can overflow while x did not
-  if (run.ranges && run.first_non_finite.is_null() && skipped.defined() && skipped.item<float>() != 0.0F)
+  if (run.report.ranges && run.report.first_non_finite.is_null() && skipped.defined() && skipped.item<float>() != 0.0F)
     locate_first_non_finite(run, Batch{data, target}, scaled->scale());
-  run.clock.lap(StepPhase::kOptimizer);
+  run.report.clock.lap(StepPhase::kOptimizer);
   return {logits, loss, skipped};
 }
 
@@ -232,8 +232,8 @@ void run_step(Run& run, const Batch& batch) {
   std::optional<ErrorOnCudaSync> no_sync;  // a GPU test's proof that the step reads nothing on the host
   if (run.faults.error_on_sync) no_sync.emplace();
   if (run.graphed) {
-    run.clock.pause(true);  // the captured laps would be events inside the graph: the replay is one interval
-    const auto resume_clock = c10::make_scope_exit([&run] { run.clock.pause(false); });
+    run.report.clock.pause(true);  // the captured laps would be events inside the graph: the replay is one interval
+    const auto resume_clock = c10::make_scope_exit([&run] { run.report.clock.pause(false); });
     run.graphed->step(batch.data, batch.target);
     run.tally.count(batch.target.numel());  // a replay does no host work of its own
   } else {

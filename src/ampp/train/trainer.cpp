@@ -61,12 +61,12 @@ void count_step(Run& run) {
 }
 
 void record_operators(Run& run, bool epoch_ended) {
-  if (!run.op_recorder) return;
-  const int64_t recorded = run.phases.steps - kOpWindowFirst;
-  if (run.op_recorder->recording() && (recorded == kOpWindowSteps || epoch_ended)) {
-    run.ops = run.op_recorder->stop(recorded);
-  } else if (!run.ops && !run.op_recorder->recording() && !epoch_ended && recorded == 0) {
-    run.op_recorder->start();
+  if (!run.report.op_recorder) return;
+  const int64_t recorded = run.report.phases.steps - kOpWindowFirst;
+  if (run.report.op_recorder->recording() && (recorded == kOpWindowSteps || epoch_ended)) {
+    run.report.ops = run.report.op_recorder->stop(recorded);
+  } else if (!run.report.ops && !run.report.op_recorder->recording() && !epoch_ended && recorded == 0) {
+    run.report.op_recorder->start();
   }
 }
 
@@ -78,10 +78,10 @@ void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBa
   const auto& o = run.o;
   const int64_t images_per_step = run.per_rank_batch * run.workers.world;
   Throughput meter;
-  run.clock.restart();  // between epochs: evaluation and checkpoints are not step time
+  run.report.clock.restart();  // between epochs: evaluation and checkpoints are not step time
   while (const auto next = batches.next()) {
     record_operators(run, false);
-    run.clock.lap(StepPhase::kData);
+    run.report.clock.lap(StepPhase::kData);
     run_step(run, *next);
     count_step(run);
     dist::report_progress(run.position.global_step);
@@ -91,26 +91,26 @@ void train_batches(Run& run, int64_t epoch, BatchPrefetcher& batches, ProgressBa
     const bool logged = run.position.global_step % o.log_every() == 0 || epoch_end;
     if (run.reads_every_step || logged || stop || saves) {
       const auto readout = run.tally.read(run.amp.ledger());
-      run.clock.settle();  // the host waited for the GPU above: the device clock's laps are done
-      run.steady.mark(readout.steps);
+      run.report.clock.settle();  // the host waited for the GPU above: the device clock's laps are done
+      run.report.steady.mark(readout.steps);
       const StepResult step = read_steps(run, readout);
       const bool log_now = logged || !step.stepped;
       if (log_now || bar) meter.update(log_now, images_per_step);
-      if (log_now && run.metrics) log_step(run, epoch, step, meter.images_per_sec);
+      if (log_now && run.report.metrics) log_step(run, epoch, step, meter.images_per_sec);
       if (bar)
         bar->update(batches.position(), meter.images_per_sec, step.loss, run.loss_scale(), run.position.skipped_total);
       check_divergence(run, step, readout);
     }
     if (saves) {
       save(run, epoch, batches.position());  // after a read: the sums and the scale are the step's
-      run.steady.restart();                  // a checkpoint is not step time
+      run.report.steady.restart();           // a checkpoint is not step time
     }
-    ++run.phases.steps;
-    run.clock.lap(StepPhase::kBookkeeping);
+    ++run.report.phases.steps;
+    run.report.clock.lap(StepPhase::kBookkeeping);
     if (stop) break;
   }
-  run.steady.end_segment();
-  run.clock.settle();
+  run.report.steady.end_segment();
+  run.report.clock.settle();
   record_operators(run, true);
 }
 
@@ -121,30 +121,31 @@ struct EpochStart {
 
 // A finished epoch: the epoch record and progress line, the epoch-end checkpoint.
 void end_epoch(Run& run, int64_t epoch, const EpochSums& totals, const EpochStart& start, ProgressBar* bar) {
-  run.epochs_done = epoch + 1;
+  run.report.epochs_done = epoch + 1;
   const double seconds = std::chrono::duration<double>(Clock::now() - start.time).count();
   const double train_accuracy = 100.0 * totals.correct / std::max(totals.seen, 1.0);
-  if (run.metrics) {
+  if (run.report.metrics) {
     EpochRecord r;
     r.epoch = epoch;
     r.steps = run.position.global_step;
-    r.train_loss = run.last_train_loss;
+    r.train_loss = run.report.last_train_loss;
     r.train_accuracy = train_accuracy;
-    r.test_loss = run.last_eval.loss;
-    r.test_accuracy = run.last_eval.accuracy;
+    r.test_loss = run.report.last_eval.loss;
+    r.test_accuracy = run.report.last_eval.accuracy;
     r.seconds = seconds;
     r.images_per_sec = (run.position.global_step - start.global_step) * run.per_rank_batch * run.workers.world /
                        std::max(seconds, 1e-9);
     r.skipped_total = run.position.skipped_total;
     r.loss_scale = run.loss_scale();
     r.lr = run.lr->last_lr();  // its last step's
-    run.metrics->write(r);
-    if (run.tensorboard) log_to_tensorboard(*run.tensorboard, r);
+    run.report.metrics->write(r);
+    if (run.report.tensorboard) log_to_tensorboard(*run.report.tensorboard, r);
   }
   if (bar) {
-    bar->finish(fmt::format(
-        "epoch {}/{}: train loss {:.4f}, train acc {:.2f}%, test loss {:.4f}, test acc {:.2f}% ({:.1f} s)", epoch + 1,
-        run.o.epochs(), run.last_train_loss, train_accuracy, run.last_eval.loss, run.last_eval.accuracy, seconds));
+    bar->finish(
+        fmt::format("epoch {}/{}: train loss {:.4f}, train acc {:.2f}%, test loss {:.4f}, test acc {:.2f}% ({:.1f} s)",
+                    epoch + 1, run.o.epochs(), run.report.last_train_loss, train_accuracy, run.report.last_eval.loss,
+                    run.report.last_eval.accuracy, seconds));
   }
   if (!run.checkpoint.empty()) {
     run.sums = {};
@@ -167,8 +168,8 @@ bool run_epoch(Run& run, int64_t epoch, bool tty) {
     whole_epoch = batches.position() == batches.num_batches();
   }
   const EpochSums totals = global_totals(run.workers.pg, run.sums);
-  run.last_train_loss = totals.loss_sum / std::max(totals.seen, 1.0);
-  run.last_eval = evaluate(run);
+  run.report.last_train_loss = totals.loss_sum / std::max(totals.seen, 1.0);
+  run.report.last_eval = evaluate(run);
   if (!whole_epoch) return false;
   end_epoch(run, epoch, totals, start, bar ? &*bar : nullptr);
   return true;
@@ -202,17 +203,18 @@ Summary train(const TrainOptions& unresolved) {
   run.started = Clock::now();
   dist::report_progress(run.position.global_step);  // watched by the launcher from here on
   open_outputs(run);
-  if (options.doctor() && run.workers.leader()) run.ranges.emplace();
-  if (options.doctor() && options.fp8() && run.workers.leader()) run.fp8_ranges.emplace();
-  if (options.profile() && run.workers.leader()) run.op_recorder.emplace();  // DDP's gradients are alike on every rank
+  if (options.doctor() && run.workers.leader()) run.report.ranges.emplace();
+  if (options.doctor() && options.fp8() && run.workers.leader()) run.report.fp8_ranges.emplace();
+  if (options.profile() && run.workers.leader())
+    run.report.op_recorder.emplace();  // DDP's gradients are alike on every rank
   run.faults = detail::faults_for(run.workers.rank, run.workers.world, run.workers.restarted);
   run.reads_every_step = reads_every_step(options, run.device.is_cuda());
-  if (run.device.is_cuda()) run.clock.use_device(run.device);  // the GPU's time per phase, not the launches'
+  if (run.device.is_cuda()) run.report.clock.use_device(run.device);  // the GPU's time per phase, not the launches'
   if (options.cuda_graphs()) {
     run.graphed = make_graphed_step(run);
     run.say("CUDA graphs: each step is one graph replay");
   }
-  run.epochs_done = run.position.epoch;
+  run.report.epochs_done = run.position.epoch;
   run.model->train();
   const bool tty = is_terminal(stdout);
   for (int64_t epoch = run.position.epoch; epoch < options.epochs() && !reached_step_limit(run); ++epoch) {
@@ -220,7 +222,7 @@ Summary train(const TrainOptions& unresolved) {
   }
   Summary summary = summarize(run);
   summary.step_phases = gather_step_phases(run);
-  summary.ops = run.ops;
+  summary.ops = run.report.ops;
   if (tracker) {
     auto* zero = run.zero();
     summary.memory = measure_memory(*run.model, run.optimizer, zero ? zero->local_optimizer() : run.optimizer,

@@ -94,14 +94,14 @@ dist::ProcessGroup gpu_gradient_group(Run& run) {
   const bool nccl =
       run.o.shared_memory_allreduce() && dist::is_backend_available("nccl") && every_worker_has_its_own_gpu(run);
   if (!nccl) {
-    run.communication = fmt::format(
+    run.report.communication = fmt::format(
         "DDP: {} workers reduce CUDA gradients through Gloo ({})", run.workers.world,
         run.o.shared_memory_allreduce() ? "they share GPUs; NCCL needs one per worker" : "--gloo-allreduce");
     return run.workers.pg;
   }
   std::vector<int> everyone(static_cast<size_t>(run.workers.world));
   std::iota(everyone.begin(), everyone.end(), 0);
-  run.communication =
+  run.report.communication =
       fmt::format("DDP: {} workers, one GPU each, reduce CUDA gradients through NCCL", run.workers.world);
   return dist::new_group(run.workers.pg, everyone, "nccl");
 }
@@ -126,13 +126,13 @@ void start_ddp(Run& run) {
   }
   run.ddp.emplace(run.model, run.workers.pg, options);
   if (!run.o.shared_memory_allreduce()) {
-    run.communication = fmt::format("DDP: {} workers reduce through Gloo (--gloo-allreduce)", run.workers.world);
+    run.report.communication = fmt::format("DDP: {} workers reduce through Gloo (--gloo-allreduce)", run.workers.world);
     return;
   }
   const auto machines = dist::group_by_machine(run.workers.pg);
   run.ddp->register_comm_hook(dist::hierarchical_allreduce_hook(machines));
   run.ddp->register_buffer_broadcast(dist::hierarchical_buffer_broadcast(machines));
-  run.communication =
+  run.report.communication =
       machines.machines() == 1
           ? fmt::format("DDP: {} workers on this machine reduce through shared memory", run.workers.world)
           : fmt::format(
