@@ -94,10 +94,11 @@ MODELS = {"mlp": Mlp, "cnn": Cnn, "resnet": ResNet,
 # Each recipe's defaults; a flag of the same name overrides one. `gpt` is ampp::train::with_model_defaults for a
 # GPT (src/ampp/train/options.cpp) with ampp's AdamW (adamw_options, param_groups_for in src/ampp/train/run.cpp):
 # nanoGPT's train.py. eval_batch: sequences or images per evaluation batch, 0 = each worker's training batch
-# (ampp's evaluation_batch, as nanoGPT's estimate_loss); `peer` keeps this twin's 512 of before.
+# (ampp's evaluation_batch, as nanoGPT's estimate_loss), in both recipes, so that both sides evaluate alike
+# (until 2026-12-07 the twin evaluated 512 at once under `peer`: docs/benchmarks.md says which rows).
 RECIPES = {
     "peer": dict(optimizer="sgd", lr=0.05, weight_decay=1e-4, lr_schedule="step", warmup_steps=0, clip_grad_norm=0.0,
-                 batch_size=128, eval_batch=512),
+                 batch_size=128, eval_batch=0),
     "gpt": dict(optimizer="adamw", lr=6e-4, weight_decay=0.1, lr_schedule="cosine", warmup_steps=0, clip_grad_norm=1.0,
                 batch_size=32, eval_batch=0),
 }
