@@ -33,14 +33,12 @@ StepLr::StepLr(std::function<double(int64_t, int64_t)> lr_of, int64_t last_step,
 void StepLr::start_epoch(int64_t epoch) {
   std::vector<double> values(static_cast<size_t>(last_step_ + 1));
   for (int64_t k = 0; k <= last_step_; ++k) values[static_cast<size_t>(k)] = lr_of_(epoch, k);
-  if (table_.defined() && values == values_) return;  // the same schedule: the tensor a graph captured stays
-  values_ = std::move(values);
-  const torch::Tensor table = torch::tensor(values_, torch::kDouble).to(device_, dtype_);
+  const torch::Tensor table = torch::tensor(values, torch::kDouble).to(device_, dtype_);
   if (table_.defined())
     table_.copy_(table);  // in place: a captured graph reads this table
   else
     table_ = table;
-  if (!applied_) lr_.fill_(values_.front());
+  if (!applied_) lr_.fill_(values.front());
 }
 
 void StepLr::apply(torch::optim::Optimizer& optimizer, const torch::Tensor& taken) {

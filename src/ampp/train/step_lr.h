@@ -18,7 +18,6 @@
 #include <torch/types.h>
 
 #include <functional>
-#include <vector>
 
 namespace ampp::train::detail {
 
@@ -29,7 +28,7 @@ class StepLr {
   // float32 (a GPU's fused optimizer), else float64.
   StepLr(std::function<double(int64_t, int64_t)> lr_of, int64_t last_step, const torch::Device& device, bool float_lr);
 
-  // At an epoch's start: the epoch's table (computed again only where the epoch changes it: StepLR's decay).
+  // At an epoch's start: the epoch's table (StepLR's decay changes it), written into the same tensor.
   void start_epoch(int64_t epoch);
   // Before the optimizer's step: the lr at `taken` (int64, 0-dim, on the device: the ledger's steps taken)
   // into `optimizer`. Tensor operations only where the optimizer is fused (a CUDA graph captures them).
@@ -43,9 +42,8 @@ class StepLr {
   int64_t last_step_;
   torch::Device device_;
   torch::ScalarType dtype_;
-  std::vector<double> values_;  // the table on the host, to tell whether an epoch changes it
-  torch::Tensor table_;         // the schedule, one lr per count of steps taken
-  torch::Tensor lr_;            // 0-dim: the last applied lr
+  torch::Tensor table_;  // the schedule, one lr per count of steps taken
+  torch::Tensor lr_;     // 0-dim: the last applied lr
   bool applied_ = false;
 };
 

@@ -32,10 +32,7 @@ void StepTally::add_on_device(const Step& step, const torch::Tensor& target) {
   loss_sum_.add_(step.loss, static_cast<double>(target.numel()));
   correct_.add_(correct_prediction_count(step.logits, target));
   last_loss_.copy_(step.loss);
-  if (step.skipped.defined())
-    skip_ring_.index_copy_(0, cursor_, step.skipped.reshape({1}).to(torch::kFloat));
-  else
-    skip_ring_.index_fill_(0, cursor_, 0.0);
+  skip_ring_.index_copy_(0, cursor_, step.skipped.reshape({1}).to(torch::kFloat));
   cursor_.add_(1).remainder_(ring_size_);
 }
 
@@ -60,9 +57,7 @@ StepTally::Readout StepTally::read(const SkipLedger& ledger) {
   r.last_loss = v[2];
   r.skipped_total = static_cast<int64_t>(v[3]);     // exact: a count below 2^53
   for (int64_t k = steps_read_; k < steps_; ++k) {  // in order: the ring's slot of step k is k mod its size
-    const bool skipped = v[4 + k % ring_size_] != 0;
-    r.skipped += skipped ? 1 : 0;
-    rules_.add(skipped);
+    rules_.add(v[4 + k % ring_size_] != 0);
   }
   r.consecutive_skips = rules_.in_a_row();
   r.first_break = rules_.first_break();

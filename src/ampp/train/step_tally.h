@@ -35,7 +35,6 @@ class StepTally {
     double correct = 0;
     double seen = 0;
     double last_loss = 0;
-    int64_t skipped = 0;                          // steps skipped since the last read
     int64_t skipped_total = 0;                    // the skip ledger's count of skipped steps
     int64_t consecutive_skips = 0;                // of the last steps, in a row (0: the last one stepped)
     int64_t steps = 0;                            // added since the start

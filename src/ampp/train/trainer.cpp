@@ -195,7 +195,8 @@ Summary train(const TrainOptions& unresolved) {
   resume(run);
   resume_from_pytorch(run);
   if (run.resumed && nothing_left(run)) return finish_finished_run(run);
-  // The skip ledger goes on from the checkpoint's counts, on the device: the lr's position (step_lr.h).
+  // The skip ledger goes on from the checkpoint's counts: the lr's position (step_lr.h). Moved to the device
+  // here, before the first step: the move is a copy the host waits for, which no step may make.
   run.amp.ledger().restore(steps_taken(run.position), run.position.skipped_total);
   run.amp.ledger().taken_on(run.device);
   // DDP after the resume, so its construction broadcast starts every rank from the loaded weights.
